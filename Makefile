@@ -1,0 +1,37 @@
+# forgeflow — two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.forgeflow-installed
+# One thread per process by default: several processes share two cores (see DESIGN.md).
+export OMP_WAIT_POLICY ?= PASSIVE
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: run test lint install clean bench
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU wheel of torch lies on this machine's disk; install it first so the range in pyproject is satisfied.
+	$(PIP) install -q "torch==2.13.0" || $(PIP) install -q "torch>=2.13,<2.15"
+	$(PIP) install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/forgeflow run-default
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+bench: $(STAMP)
+	$(PY) bench/generation.py
+
+clean:
+	rm -rf $(VENV) .forgeflow .pytest_cache .ruff_cache

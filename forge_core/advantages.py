@@ -1,0 +1,118 @@
+"""Group-relative advantages (grpo, dr_grpo, rloo) and DAPO's dynamic filtering of uninformative groups."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from forge_core.types import Group
+
+log = logging.getLogger(__name__)
+
+
+def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-element group size, group sum and group sum of squares, each [N] (float64 for stability)."""
+    r = rewards.to(torch.float64)
+    num_groups = int(group_ids.max().item()) + 1 if group_ids.numel() else 0
+    count = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_ids, torch.ones_like(r))
+    total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_ids, r)
+    sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_ids, r * r)
+    return count[group_ids], total[group_ids], sq[group_ids]
+
+
+def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """(r - group mean) / (unbiased group std + eps) per episode [N]; singleton and all-equal groups give 0."""
+    n, total, sq = _group_stats(rewards, group_ids)
+    mean = total / n
+    var = ((sq - n * mean * mean) / (n - 1).clamp(min=1)).clamp(min=0.0)
+    centred = rewards.to(torch.float64) - mean
+    # all-equal groups: rounding can leave |centred| ~ 1e-16; treat as exactly 0
+    centred = torch.where(var <= 1e-24, torch.zeros_like(centred), centred)
+    adv = centred / (var.sqrt() + eps)
+    return torch.where(n > 1, adv, torch.zeros_like(adv)).to(rewards.dtype)
+
+
+def dr_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """r - group mean per episode [N] (Dr. GRPO: no std normalisation)."""
+    n, total, _ = _group_stats(rewards, group_ids)
+    adv = rewards.to(torch.float64) - total / n
+    return torch.where(n > 1, adv, torch.zeros_like(adv)).to(rewards.dtype)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """r_i - mean of the other rewards in the group, per episode [N]."""
+    n, total, _ = _group_stats(rewards, group_ids)
+    r = rewards.to(torch.float64)
+    adv = r - (total - r) / (n - 1).clamp(min=1)
+    return torch.where(n > 1, adv, torch.zeros_like(adv)).to(rewards.dtype)
+
+
+ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {
+    "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "rloo": rloo_advantages,
+}
+
+
+def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Advantages [N] from rewards [N] and integer group ids [N] with the estimator named `name`."""
+    if name not in ADVANTAGES:
+        raise ValueError(f"unknown advantage.name {name!r}; choose one of {sorted(ADVANTAGES)}")
+    if rewards.shape != group_ids.shape or rewards.dim() != 1:
+        raise ValueError(f"rewards and group_ids must both be [N]; got {tuple(rewards.shape)}, {tuple(group_ids.shape)}")
+    return ADVANTAGES[name](rewards, group_ids.long(), **kwargs)
+
+
+def assign_group_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> None:
+    """Compute advantages for every episode of `groups` in place."""
+    rewards = torch.tensor([e.reward for g in groups for e in g.episodes], dtype=torch.float64)
+    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.episodes], dtype=torch.long)
+    adv = compute_advantages(name, rewards, ids, **kwargs).tolist()
+    for episode, a in zip((e for g in groups for e in g.episodes), adv, strict=True):
+        episode.advantage = a
+
+
+def is_informative(group: Group, tol: float = 1e-9) -> bool:
+    """True when the group's rewards are not all equal (so its advantages are not all 0)."""
+    rewards = group.rewards
+    return len(rewards) > 1 and max(rewards) - min(rewards) > tol
+
+
+def filter_informative_groups(groups: list[Group]) -> tuple[list[Group], int]:
+    """DAPO dynamic sampling: drop groups whose rewards are all equal; returns (kept, number dropped)."""
+    kept = [g for g in groups if is_informative(g)]
+    return kept, len(groups) - len(kept)
+
+
+@dataclass
+class FillStats:
+    """What `collect_informative_groups` did: sampling rounds, groups sampled and dropped, whether it filled."""
+
+    rounds: int
+    sampled: int
+    dropped: int
+    filled: bool
+
+
+def collect_informative_groups(
+    sample_groups: Callable[[int], list[Group]], num_groups: int, max_rounds: int = 4
+) -> tuple[list[Group], FillStats]:
+    """Keep calling `sample_groups(n)` until `num_groups` informative groups are collected or `max_rounds` is hit."""
+    if num_groups <= 0 or max_rounds <= 0:
+        raise ValueError(f"num_groups and max_rounds must be positive; got {num_groups}, {max_rounds}")
+    kept: list[Group] = []
+    sampled = dropped = rounds = 0
+    while len(kept) < num_groups and rounds < max_rounds:
+        batch = sample_groups(num_groups - len(kept))
+        rounds += 1
+        sampled += len(batch)
+        good, bad = filter_informative_groups(batch)
+        dropped += bad
+        kept.extend(good)
+    filled = len(kept) >= num_groups
+    if not filled:
+        log.info("dynamic sampling: %d/%d informative groups after %d rounds", len(kept), num_groups, rounds)
+    return kept[:num_groups], FillStats(rounds, sampled, dropped, filled)

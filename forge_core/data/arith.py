@@ -1,0 +1,113 @@
+"""Synthetic arithmetic word problems: deterministic by seed, difficulty knobs, disjoint train/test splits."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from forge_core.data.problems import Problem
+
+NAMES = ("Ann", "Bob", "Cat", "Dan", "Eve", "Fay", "Gus", "Ida")
+ITEMS = ("apples", "books", "coins", "pens", "cards", "eggs")
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class ArithSpec:
+    """Difficulty knobs: operand range, number of terms, operators, and phrasing (`equation` or `word`)."""
+
+    min_value: int = 0
+    max_value: int = 20
+    num_terms: int = 2
+    ops: tuple[str, ...] = ("+", "-")
+    style: str = "equation"
+    test_fraction: float = 0.1
+
+    def validate(self) -> None:
+        if self.min_value > self.max_value:
+            raise ValueError(f"arith min_value {self.min_value} > max_value {self.max_value}")
+        if self.num_terms < 2:
+            raise ValueError(f"arith num_terms must be >= 2; got {self.num_terms}")
+        if not set(self.ops) <= {"+", "-", "*"} or not self.ops:
+            raise ValueError(f"arith ops must be a non-empty subset of ['+', '-', '*']; got {list(self.ops)}")
+        if self.style not in ("equation", "word"):
+            raise ValueError(f"arith style must be 'equation' or 'word'; got {self.style!r}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"arith test_fraction must be in (0, 1); got {self.test_fraction}")
+
+
+def split_of(expression: str, test_fraction: float) -> str:
+    """Stable split assignment from a hash of the expression, so train and test never share a problem."""
+    h = int.from_bytes(hashlib.sha256(expression.encode()).digest()[:8], "big")
+    return "test" if (h % 10_000) < test_fraction * 10_000 else "train"
+
+
+def phrase(terms: list[int], ops: list[str], style: str, rng: random.Random) -> str:
+    """The question text for terms/ops."""
+    expression = "".join(f"{t}{o}" for t, o in zip(terms, ops + [""]))
+    if style == "equation":
+        return f"{expression}="
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    parts = [f"{name} has {terms[0]} {item}."]
+    verbs = {"+": "gets {n} more", "-": "gives away {n}", "*": "multiplies them by {n}"}
+    parts += [f"{name} {verbs[o].format(n=t)}." for t, o in zip(terms[1:], ops)]
+    return " ".join(parts) + f" How many {item} now?"
+
+
+def make_arith_problems(n: int, seed: int = 0, split: str = "train", spec: ArithSpec | None = None) -> list[Problem]:
+    """`n` distinct problems of `split` in GSM8K form (solution '<expr>=<value>\\n#### <value>')."""
+    spec = spec or ArithSpec()
+    spec.validate()
+    if split not in SPLITS:
+        raise ValueError(f"arith split must be one of {SPLITS}; got {split!r}")
+    rng = random.Random(f"{seed}:{split}")
+    seen: set[str] = set()
+    problems: list[Problem] = []
+    attempts = 0
+    while len(problems) < n:
+        attempts += 1
+        if attempts > 200 * n + 10_000:
+            raise ValueError(
+                f"only {len(problems)} distinct {split} problems exist for {spec}; widen max_value or num_terms"
+            )
+        terms = [rng.randint(spec.min_value, spec.max_value) for _ in range(spec.num_terms)]
+        ops = [rng.choice(spec.ops) for _ in range(spec.num_terms - 1)]
+        expression = "".join(f"{t}{o}" for t, o in zip(terms, ops + [""]))
+        if expression in seen or split_of(expression, spec.test_fraction) != split:
+            continue
+        seen.add(expression)
+        value = eval_expression(terms, ops)
+        question = phrase(terms, ops, spec.style, rng)
+        problems.append(Problem(question, f"{expression}={value}\n#### {value}", str(value)))
+    return problems
+
+
+def eval_expression(terms: list[int], ops: list[str]) -> int:
+    """Value of terms joined by ops with the usual precedence (* before + and -); no eval()."""
+    # fold multiplications first, then left-to-right addition/subtraction
+    values, pending = [terms[0]], []
+    for t, o in zip(terms[1:], ops):
+        if o == "*":
+            values[-1] *= t
+        else:
+            pending.append(o)
+            values.append(t)
+    total = values[0]
+    for v, o in zip(values[1:], pending):
+        total = total + v if o == "+" else total - v
+    return total
+
+
+def write_gsm8k_jsonl(problems: list[Problem], out: str | Path) -> Path:
+    """Write problems as GSM8K JSONL (`question`, `answer`) atomically."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with tmp.open("w") as f:
+        for p in problems:
+            f.write(json.dumps({"question": p.question, "answer": p.solution}) + "\n")
+    tmp.replace(out)
+    return out

@@ -1,0 +1,136 @@
+"""Shared pieces of the policy losses: ratios, KL estimators, aggregation over tokens/sequences, diagnostics."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of x over positions where mask is true; masked positions (even NaN/inf) never contribute."""
+    zeros = torch.zeros((), dtype=x.dtype, device=x.device)
+    x = torch.where(mask, x, zeros)
+    return x.sum() if dim is None else x.sum(dim)
+
+
+def broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Advantages [B], [B, 1] or [B, T] -> [B, T] matching `like`."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    if advantages.dim() != 2 or advantages.shape[0] != like.shape[0]:
+        raise ValueError(
+            f"advantages must be [B], [B, 1] or [B, T] with B={like.shape[0]}; got shape {tuple(advantages.shape)}"
+        )
+    return advantages.to(like.dtype).expand_as(like)
+
+
+def log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token log importance ratio [B, T]; on-policy (old None) gives lp - sg(lp): value 0, gradient 1."""
+    old = logprobs.detach() if old_logprobs is None else old_logprobs.to(logprobs.dtype)
+    diff = logprobs - old
+    # zero masked positions so padding garbage cannot overflow exp() or leak NaN into gradients
+    return torch.where(mask, diff, torch.zeros_like(diff))
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(pi || ref) estimate [B, T]: k1 = lp-ref, k2 = (lp-ref)^2/2, k3 = exp(ref-lp)-(ref-lp)-1."""
+    delta = ref_logprobs.to(logprobs.dtype) - logprobs
+    delta = torch.where(mask, delta, torch.zeros_like(delta))
+    if estimator == "k1":
+        return -delta
+    if estimator == "k2":
+        return 0.5 * delta.square()
+    if estimator == "k3":
+        return torch.exp(delta) - delta - 1.0
+    raise ValueError(f"unknown kl_estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    max_len: int | None = None,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token loss [B, T] to a scalar.
+
+    `num_tokens`/`num_seqs` are the global normalisers of the whole batch when the trainer splits it into
+    micro-batches (so the micro-batch losses sum to the full-batch loss); by default this batch's own counts.
+    Sequence means count only sequences with at least one real token.
+    """
+    lengths = mask.sum(-1)
+    if mode == "token-mean":
+        denom = num_tokens if num_tokens is not None else lengths.sum().clamp(min=1)
+        return masked_sum(per_token, mask) / denom
+    seq_denom = num_seqs if num_seqs is not None else (lengths > 0).sum().clamp(min=1)
+    if mode == "seq-mean-token-mean":
+        per_seq = masked_sum(per_token, mask, dim=-1) / lengths.clamp(min=1)
+        return per_seq.sum() / seq_denom
+    if mode == "seq-mean-token-sum-norm":
+        if max_len is None:
+            raise ValueError("aggregation 'seq-mean-token-sum-norm' needs loss.max_len (usually generator.max_new_tokens)")
+        return masked_sum(per_token, mask) / (seq_denom * max_len)
+    raise ValueError(f"unknown aggregation {mode!r}; choose one of {AGGREGATIONS}")
+
+
+def ratio_metrics(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Detached mean/min/max of a ratio tensor over real tokens."""
+    r = ratio.detach()[mask]
+    if r.numel() == 0:
+        return {"ratio_mean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0}
+    return {"ratio_mean": r.mean().item(), "ratio_min": r.min().item(), "ratio_max": r.max().item()}
+
+
+def masked_fraction(flags: torch.Tensor, mask: torch.Tensor) -> float:
+    """Fraction of real tokens where `flags` holds."""
+    n = mask.sum().item()
+    return (flags & mask).sum().item() / n if n else 0.0
+
+
+class PolicyLoss(nn.Module):
+    """Base class: holds the aggregation settings and the `metrics` dict of the last call."""
+
+    def __init__(self, aggregation: str = "seq-mean-token-mean", max_len: int | None = None) -> None:
+        super().__init__()
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown loss.aggregation {aggregation!r}; choose one of {AGGREGATIONS}")
+        if aggregation == "seq-mean-token-sum-norm" and (max_len is None or max_len <= 0):
+            raise ValueError(
+                "aggregation 'seq-mean-token-sum-norm' needs a positive loss.max_len "
+                "(usually generator.max_new_tokens)"
+            )
+        self.aggregation = aggregation
+        self.max_len = max_len
+        self.metrics: dict[str, float] = {}
+
+    def reduce(self, per_token: torch.Tensor, mask: torch.Tensor, num_tokens=None, num_seqs=None) -> torch.Tensor:
+        return aggregate(per_token, mask, self.aggregation, self.max_len, num_tokens, num_seqs)
+
+    def add_kl(self, per_token, logprobs, ref_logprobs, mask, beta: float, estimator: str) -> torch.Tensor:
+        """Add beta * KL(ref) to the per-token loss and record `kl_mean`; ref may be None only when beta == 0."""
+        if ref_logprobs is None:
+            if beta != 0.0:
+                raise ValueError(
+                    f"loss.beta={beta} needs reference logprobs; set ref_model.enabled: true or loss.beta: 0.0"
+                )
+            return per_token
+        kl = kl_penalty(logprobs, ref_logprobs, estimator, mask)
+        n = mask.sum().clamp(min=1)
+        self.metrics["kl_mean"] = (masked_sum(kl.detach(), mask) / n).item()
+        return per_token + beta * kl if beta != 0.0 else per_token
+
+
+def check_shapes(logprobs: torch.Tensor, mask: torch.Tensor, **others: torch.Tensor | None) -> torch.Tensor:
+    """Validate [B, T] inputs; returns the mask as bool."""
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T]; got shape {tuple(logprobs.shape)}")
+    if mask.shape != logprobs.shape:
+        raise ValueError(f"padding_mask shape {tuple(mask.shape)} != logprobs shape {tuple(logprobs.shape)}")
+    for name, t in others.items():
+        if t is not None and t.shape != logprobs.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != logprobs shape {tuple(logprobs.shape)}")
+    return mask.bool()

@@ -1,0 +1,78 @@
+"""GSPO: sequence-level importance ratios (and the GSPO-token variant with per-token gradients)."""
+
+from __future__ import annotations
+
+import torch
+
+from forge_core.losses.base import (
+    PolicyLoss,
+    broadcast_advantages,
+    check_shapes,
+    log_ratio,
+    masked_fraction,
+    masked_sum,
+    ratio_metrics,
+)
+
+
+def sequence_log_ratio(logprobs, old_logprobs, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked mean of (lp - old) per sequence [B] (gradient flows through the mean) and lengths [B]."""
+    lengths = mask.sum(-1)
+    return masked_sum(log_ratio(logprobs, old_logprobs, mask), mask, dim=-1) / lengths.clamp(min=1), lengths
+
+
+def sequence_advantages(advantages, logprobs, mask) -> torch.Tensor:
+    """One advantage per sequence [B]: a [B, T] input is averaged over real tokens."""
+    adv = broadcast_advantages(advantages, logprobs)
+    return masked_sum(adv, mask, dim=-1) / mask.sum(-1).clamp(min=1)
+
+
+class GSPOLoss(PolicyLoss):
+    """Per sequence max(-A·s, -A·clip(s, 1-clip_low, 1+clip_high)), s = exp(mean token log-ratio); seq mean."""
+
+    def __init__(self, clip_low: float = 3e-4, clip_high: float = 4e-4, beta: float = 0.0,
+                 kl_estimator: str = "k3") -> None:
+        super().__init__("seq-mean-token-mean")
+        self.clip_low, self.clip_high, self.beta, self.kl_estimator = clip_low, clip_high, beta, kl_estimator
+
+    def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
+                num_tokens=None, num_seqs=None) -> torch.Tensor:
+        """Scalar loss from [B, T] inputs; sequences without real tokens are excluded from the mean."""
+        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
+        seq_lr, lengths = sequence_log_ratio(logprobs, old_logprobs, mask)
+        adv = sequence_advantages(advantages, logprobs, mask)
+        s = torch.exp(seq_lr)
+        per_seq = torch.maximum(-adv * s, -adv * torch.clamp(s, 1.0 - self.clip_low, 1.0 + self.clip_high))
+        valid = lengths > 0
+        self.metrics = {
+            **ratio_metrics(s.unsqueeze(-1), valid.unsqueeze(-1)),
+            "clip_frac_low": masked_fraction((s < 1.0 - self.clip_low) & (adv < 0), valid),
+            "clip_frac_high": masked_fraction((s > 1.0 + self.clip_high) & (adv > 0), valid),
+        }
+        denom = num_seqs if num_seqs is not None else valid.sum().clamp(min=1)
+        loss = masked_sum(per_seq, valid) / denom
+        if ref_logprobs is not None or self.beta != 0.0:
+            kl = self.add_kl(torch.zeros_like(logprobs), logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
+            loss = loss + self.reduce(kl, mask, num_tokens, num_seqs)
+        return loss
+
+
+class GSPOTokenLoss(GSPOLoss):
+    """GSPO-token: s_i,t = sg(s_i)·exp(lp - sg(lp)); same value as GSPO, gradient per token; seq-mean-token-mean."""
+
+    def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
+                num_tokens=None, num_seqs=None) -> torch.Tensor:
+        """Scalar loss; advantages may be per token [B, T]."""
+        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
+        seq_lr, lengths = sequence_log_ratio(logprobs, old_logprobs, mask)
+        s_tok = torch.exp(seq_lr.detach()).unsqueeze(-1) * torch.exp(log_ratio(logprobs, None, mask))
+        adv = broadcast_advantages(advantages, logprobs)
+        clipped = torch.clamp(s_tok, 1.0 - self.clip_low, 1.0 + self.clip_high)
+        per_token = torch.maximum(-adv * s_tok, -adv * clipped)
+        self.metrics = {
+            **ratio_metrics(s_tok, mask),
+            "clip_frac_low": masked_fraction((s_tok < 1.0 - self.clip_low) & (adv < 0), mask),
+            "clip_frac_high": masked_fraction((s_tok > 1.0 + self.clip_high) & (adv > 0), mask),
+        }
+        per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
+        return self.reduce(per_token, mask, num_tokens, num_seqs)

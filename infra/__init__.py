@@ -1,0 +1,1 @@
+"""forgeflow infra layer (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""forgeflow tasks layer (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""forgeflow workers layer (see DESIGN.md)."""
