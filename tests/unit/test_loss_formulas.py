@@ -56,12 +56,12 @@ def clip(x, lo, hi):
 
 
 def ref_grpo(lp, old, ref, adv, mask, cl=0.2, ch=0.2, beta=0.0, agg="seq", max_len=None, c=None):
-    def tok(l, o, rf, a):
-        r = torch.exp(l - o)
+    def tok(x, o, rf, a):
+        r = torch.exp(x - o)
         v = torch.maximum(-a * r, -a * clip(r, 1 - cl, 1 + ch))
         if c is not None and a < 0:
-            v = torch.minimum(v, torch.tensor(-a * c, dtype=l.dtype))
-        return v + beta * (torch.exp(rf - l) - (rf - l) - 1)
+            v = torch.minimum(v, torch.tensor(-a * c, dtype=x.dtype))
+        return v + beta * (torch.exp(rf - x) - (rf - x) - 1)
 
     rws = rows(tok, lp, old, ref, adv, mask)
     if agg == "seq":
@@ -102,40 +102,40 @@ def ref_gspo_token(lp, old, adv, mask, cl=3e-4, ch=4e-4):
 
 
 def ref_cispo(lp, old, ref, adv, mask, cl=None, ch=4.0):
-    def tok(l, o, rf, a):
-        r = math.exp(l.item() - o)
+    def tok(x, o, rf, a):
+        r = math.exp(x.item() - o)
         w = min(r, 1 + ch) if cl is None else min(max(r, 1 - cl), 1 + ch)
-        return -w * a * l
+        return -w * a * x
 
     return token_mean(rows(tok, lp, old, ref, adv, mask))
 
 
 def ref_sapo(lp, old, ref, adv, mask, tp=1.0, tn=1.05):
-    def tok(l, o, rf, a):
+    def tok(x, o, rf, a):
         tau = tp if a > 0 else tn
-        r = torch.exp(l - o)
+        r = torch.exp(x - o)
         return -torch.sigmoid(tau * (r - 1)) * 4 / tau * a
 
     return seq_mean_token_mean(rows(tok, lp, old, ref, adv, mask))
 
 
 def ref_reinforce(lp, old, ref, adv, mask, c=None):
-    def tok(l, o, rf, a):
-        w = 1.0 if c is None else min(math.exp(l.item() - o), c)
-        return -a * l * w
+    def tok(x, o, rf, a):
+        w = 1.0 if c is None else min(math.exp(x.item() - o), c)
+        return -a * x * w
 
     return token_mean(rows(tok, lp, old, ref, adv, mask))
 
 
 def ref_simple(lp, old, ref, adv, mask, beta=0.1):
-    def tok(l, o, rf, a):
-        return -(torch.exp(l - l.detach()) * a - beta * (torch.exp(rf - l) - (rf - l) - 1))
+    def tok(x, o, rf, a):
+        return -(torch.exp(x - x.detach()) * a - beta * (torch.exp(rf - x) - (rf - x) - 1))
 
     return seq_mean_token_mean(rows(tok, lp, old, ref, adv, mask))
 
 
 def ref_sft(lp, old, ref, adv, mask):
-    return token_mean(rows(lambda l, o, rf, a: -l, lp, old, ref, adv, mask))
+    return token_mean(rows(lambda x, o, rf, a: -x, lp, old, ref, adv, mask))
 
 
 CASES = {

@@ -1,0 +1,18 @@
+"""A user-defined loss used by tests through `loss.name: tests.unit.custom_loss_example:ScaledReinforceLoss`."""
+
+import torch
+from torch import nn
+
+
+class ScaledReinforceLoss(nn.Module):
+    def __init__(self, scale: float = 1.0):
+        super().__init__()
+        self.scale = scale
+        self.metrics = {}
+
+    def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, **_):
+        mask = padding_mask.bool()
+        adv = advantages.reshape(-1, 1) if advantages.dim() == 1 else advantages
+        loss = -(self.scale * adv * torch.where(mask, logprobs, 0.0)).sum() / mask.sum().clamp(min=1)
+        self.metrics = {"scale": self.scale}
+        return loss

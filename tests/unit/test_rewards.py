@@ -1,0 +1,98 @@
+import pytest
+
+from forge_core.rewards import (
+    CombinedReward,
+    MathReward,
+    OverlongPenalty,
+    ThinkingReward,
+    build_reward,
+    extract_answer,
+    parse_number,
+    soft_overlong_punishment,
+)
+
+
+@pytest.mark.parametrize("text,value", [
+    ("$1,234", 1234.0), ("-5", -5.0), ("3.25 dollars.", 3.25), ("3/4", 0.75), ("\\frac{3}{4}", 0.75),
+    ("\\dfrac{-1}{2}", -0.5), ("42.", 42.0), ("12 apples", 12.0), ("x", None), ("1/0", None), ("−7", -7.0),
+])
+def test_parse_number(text, value):
+    assert parse_number(text) == value
+
+
+@pytest.mark.parametrize("response,answer", [
+    ("<think>2+2</think><answer>4</answer>", "4"),
+    ("so the answer is \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("work...\n#### 1,200", "1,200"),
+    ("I think 3 then 5", "5"),
+    ("no numbers", None),
+])
+def test_extract_answer(response, answer):
+    assert extract_answer(response) == answer
+
+
+def test_math_reward_scores():
+    r = MathReward()
+    assert r("q", "<answer>$1,234.00</answer>", "#### 1234") == 1.0
+    assert r("q", "<answer>-3</answer>", "x=-3\n#### -3") == 1.0
+    assert r("q", "\\boxed{0.5}", "\\boxed{\\frac{1}{2}}") == 1.0
+    assert r("q", "<answer>5</answer>", "4") == 0.0
+    assert r("q", "nothing", "4") == 0.0
+    assert MathReward(format_score=0.1)("q", "<answer>5</answer>", "4") == 0.1
+    assert MathReward(extractors=("answer_tag",))("q", "the answer is 4", "4") == 0.0
+
+
+def test_math_reward_never_evaluates_code():
+    # an expression is not computed; a payload is not executed
+    assert MathReward()("q", "<answer>2+2</answer>", "4") == 0.0
+    assert MathReward()("q", "<answer>__import__('os').system('false')</answer>", "4") == 0.0
+
+
+def test_math_reward_bad_target_names_it():
+    with pytest.raises(ValueError, match="target 'abc' has no number"):
+        MathReward()("q", "4", "abc")
+
+
+def test_thinking_reward():
+    t = ThinkingReward()
+    assert t("q", "<think>because</think><answer>1</answer>", "1") == 1.0
+    assert t("q", "<think> </think>1", "1") == 0.5
+    assert t("q", "<think>never closed", "1") == 0.5
+    assert t("q", "1", "1") == 0.0
+
+
+def test_soft_overlong_punishment():
+    assert soft_overlong_punishment(10, 20, 5) == 0.0
+    assert soft_overlong_punishment(15, 20, 5) == 0.0
+    assert soft_overlong_punishment(17, 20, 5) == pytest.approx(-0.4)
+    assert soft_overlong_punishment(20, 20, 5) == -1.0
+    assert soft_overlong_punishment(25, 20, 5) == -1.0
+    assert OverlongPenalty(20, 5)("q", "x" * 18, "") == pytest.approx(-0.6)
+    with pytest.raises(ValueError, match="cache_len"):
+        soft_overlong_punishment(1, 20, 0)
+
+
+def bad_reward(prompt, response, target):
+    raise RuntimeError("boom")
+
+
+def test_combined_reward_weights_breakdown_and_fallback(caplog):
+    combo = CombinedReward.from_config([
+        {"name": "math", "weight": 1.0},
+        {"name": "thinking", "weight": 0.5},
+        {"name": "tests.unit.test_rewards:bad_reward", "weight": 2.0, "key": "bad"},
+    ], fallback=-0.25)
+    s = combo.score("q", "<think>ok</think><answer>4</answer>", "4")
+    assert s.breakdown == {"math": 1.0, "thinking": 1.0, "bad": -0.25}
+    assert s.total == pytest.approx(1.0 + 0.5 - 0.5)
+    assert s.errors == ["bad"] and combo.error_count == 1
+    assert "boom" in caplog.text
+
+
+def test_reward_config_errors():
+    with pytest.raises(ValueError, match="unknown reward 'maths'"):
+        build_reward("maths")
+    with pytest.raises(ValueError, match=r"rewards\[0\] has no 'name'"):
+        CombinedReward.from_config([{"weight": 1.0}])
+    with pytest.raises(ValueError, match="duplicate names"):
+        CombinedReward.from_config([{"name": "math"}, {"name": "math"}])
