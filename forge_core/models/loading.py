@@ -1,0 +1,71 @@
+"""Build, load and save causal LMs with their tokenizers (HF format on disk; tiny presets built locally)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Tiny Qwen3-architecture presets: small enough to train on two CPU cores.
+TINY_PRESETS: dict[str, dict] = {
+    "qwen3-arith": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=64, max_position_embeddings=512),
+    "qwen3-micro": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, max_position_embeddings=256),
+}
+TINY_PREFIX = "tiny:"
+
+
+def build_tiny_model(preset: str, tokenizer, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """A randomly initialised Qwen3ForCausalLM of a named preset, sized to `tokenizer`."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if preset not in TINY_PRESETS:
+        raise ValueError(f"unknown tiny preset {preset!r}; choose one of {sorted(TINY_PRESETS)} (model.path: tiny:NAME)")
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        **TINY_PRESETS[preset],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    return model.to(dtype)
+
+
+def load_model_and_tokenizer(path: str, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) from `tiny:PRESET`, a local HF directory, or a hub id (needs network)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from forge_core.models.tokenizer import build_char_tokenizer
+
+    if path.startswith(TINY_PREFIX):
+        tokenizer = build_char_tokenizer()
+        return build_tiny_model(path[len(TINY_PREFIX):], tokenizer, seed=seed, dtype=dtype), tokenizer
+    local = Path(path)
+    if local.exists() and not (local / "config.json").exists():
+        raise ValueError(f"model.path {path!r} is a directory without config.json; point it at a HF model directory")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as exc:
+        raise ValueError(
+            f"model.path {path!r} could not be loaded ({exc}); use a local HF directory, a reachable hub id, "
+            f"or a tiny preset such as tiny:qwen3-arith"
+        ) from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+def save_model_and_tokenizer(model, tokenizer, out: str | Path) -> Path:
+    """Save in HF format (safetensors + config + tokenizer) so `transformers` opens the directory directly."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,34 @@
+"""A character-level tokenizer built locally with `tokenizers` (no download), wrapped as a HF fast tokenizer."""
+
+from __future__ import annotations
+
+import string
+
+PAD, EOS, UNK, IM_START, IM_END = "<pad>", "<|endoftext|>", "<unk>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [PAD, EOS, UNK, IM_START, IM_END]
+
+# Qwen-style chat template: <|im_start|>role\ncontent<|im_end|>\n ... ending with the assistant's turn.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_char_tokenizer(alphabet: str | None = None):
+    """PreTrainedTokenizerFast with one token per character of `alphabet` (default: printable ASCII) + specials."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = alphabet or (string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", ""))
+    chars = list(dict.fromkeys(alphabet))
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    # every character is its own pre-token; special tokens are matched before this runs
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
+        additional_special_tokens=[IM_START, IM_END], padding_side="left",
+    )
+    hf.chat_template = CHAT_TEMPLATE
+    return hf

@@ -1,0 +1,130 @@
+"""The step functions of one GRPO iteration (rollout → reward → reference → advantages → train → sync).
+
+Both the in-process loop and the Prefect tasks call these; each takes the components it needs explicitly.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from forge_core.advantages import assign_group_advantages, filter_informative_groups
+from forge_core.data.problems import Problem
+from forge_core.generation import SamplingParams, TorchGenerator
+from forge_core.rewards import CombinedReward, MathReward
+from forge_core.training import Trainer, episodes_to_train_inputs, sequence_logprobs
+from forge_core.training.batching import collate
+from forge_core.types import Episode, Group
+
+
+def step_seed(run_seed: int, step: int, salt: int = 0) -> int:
+    """Sampling seed for (run, step): re-running a step after a rollback samples the same rollouts."""
+    return (run_seed * 1_000_003 + step * 7919 + salt) % (2**31 - 1)
+
+
+def rollout(generator: TorchGenerator, problems: Sequence[Problem], prompts: Sequence[str], group_size: int,
+            seed: int, params: SamplingParams | None = None) -> list[Group]:
+    """Sample `group_size` completions for each prompt; one Group per problem."""
+    completions = generator.generate(list(prompts), n=group_size, seed=seed, params=params)
+    tok = generator.tokenizer
+    groups = []
+    for problem, prompt, comps in zip(problems, prompts, completions, strict=True):
+        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        episodes = [Episode(prompt, problem.solution, prompt_ids, c) for c in comps]
+        groups.append(Group(prompt, problem.solution, episodes))
+    return groups
+
+
+def score_rewards(groups: list[Group], reward: CombinedReward) -> dict[str, float]:
+    """Set each episode's reward (and per-function breakdown); returns reward/* metrics."""
+    per_fn: dict[str, list[float]] = {}
+    totals, errors = [], 0
+    for g in groups:
+        for e in g.episodes:
+            s = reward.score(e.prompt, e.completion.text, e.target)
+            e.reward, e.reward_breakdown = s.total, s.breakdown
+            totals.append(s.total)
+            errors += len(s.errors)
+            for k, v in s.breakdown.items():
+                per_fn.setdefault(k, []).append(v)
+    metrics = {"reward/mean": statistics.fmean(totals), "reward/std": statistics.pstdev(totals),
+               "reward/errors": float(errors)}
+    metrics.update({f"reward/{k}": statistics.fmean(v) for k, v in per_fn.items()})
+    return metrics
+
+
+@torch.no_grad()
+def score_reference(ref_model, groups: list[Group], pad_id: int, temperature: float = 1.0,
+                    micro_batch_size: int = 64) -> None:
+    """Attach reference-model logprobs to every episode (for the KL term)."""
+    episodes = [e for g in groups for e in g.episodes]
+    for start in range(0, len(episodes), micro_batch_size):
+        part = episodes[start:start + micro_batch_size]
+        inputs, targets = episodes_to_train_inputs(part, pad_id)
+        batch = collate(inputs, targets["padding_mask"], pad_id)
+        lp, _ = sequence_logprobs(ref_model, batch.tokens, batch.attention_mask, batch.positions, temperature)
+        for e, row in zip(part, lp, strict=True):
+            e.ref_logprobs = row[: len(e.completion.token_ids)].tolist()
+
+
+def compute_advantages(groups: list[Group], name: str = "grpo", drop_uninformative: bool = False,
+                       **kwargs) -> tuple[list[Episode], dict[str, float]]:
+    """Advantages for all episodes; optionally drops all-equal groups (DAPO). Returns (episodes, metrics)."""
+    dropped = 0
+    if drop_uninformative:
+        groups, dropped = filter_informative_groups(groups)
+    if groups:
+        assign_group_advantages(groups, name, **kwargs)
+    episodes = [e for g in groups for e in g.episodes]
+    return episodes, {"rollout/dropped_groups": float(dropped)}
+
+
+def train_on_episodes(trainer: Trainer, episodes: list[Episode], pad_id: int) -> dict[str, float]:
+    """One optimizer step on the episodes; returns loss/* metrics (empty batch: no step)."""
+    if not episodes:
+        return {"loss/skipped": 1.0}
+    inputs, targets = episodes_to_train_inputs(episodes, pad_id)
+    trainer.train_step(inputs, targets)
+    return {f"loss/{k}": v for k, v in trainer.metrics.items()}
+
+
+def sync_weights(generator: TorchGenerator, trainer: Trainer, version: int) -> None:
+    """Make the generator sample from the trainer's weights (same process: share, else copy)."""
+    if generator.model is not trainer.model:
+        generator.load_state_dict(trainer.model.state_dict(), version)
+    generator.policy_version = version
+    generator.model.eval()
+
+
+def rollout_metrics(groups: list[Group]) -> dict[str, float]:
+    """rollout/* length, truncation and staleness statistics."""
+    comps = [e.completion for g in groups for e in g.episodes]
+    lengths = [len(c.token_ids) for c in comps]
+    return {
+        "rollout/response_len_mean": statistics.fmean(lengths),
+        "rollout/response_len_max": float(max(lengths)),
+        "rollout/truncation_rate": sum(c.stop_reason == "length" for c in comps) / len(comps),
+        "rollout/num_episodes": float(len(comps)),
+    }
+
+
+def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Sequence[str], max_new_tokens: int,
+             judge=None, samples: int = 0, temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
+    """Held-out greedy accuracy (judge = MathReward: 1.0 means correct); with samples > 0 also the mean
+    sampled accuracy at `temperature`, a smoother signal than the greedy one."""
+    judge = judge or MathReward()
+    start = time.perf_counter()
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    outs = generator.generate(list(prompts), n=1, seed=seed, params=greedy)
+    correct = [judge(p, o[0].text, prob.solution) >= 1.0 for p, o, prob in zip(prompts, outs, problems, strict=True)]
+    metrics = {"eval/accuracy": sum(correct) / len(correct)}
+    if samples:
+        sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+        outs = generator.generate(list(prompts), n=samples, seed=seed, params=sampled)
+        hits = [judge(p, c.text, prob.solution) >= 1.0 for p, o, prob in zip(prompts, outs, problems) for c in o]
+        metrics["eval/sampled_accuracy"] = sum(hits) / len(hits)
+    metrics["timing/eval"] = time.perf_counter() - start
+    return metrics

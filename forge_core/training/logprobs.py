@@ -1,0 +1,53 @@
+"""Per-token logprobs and entropy from a causal LM without keeping a full-vocabulary log_softmax alive."""
+
+from __future__ import annotations
+
+import torch
+
+
+def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                    chunk_rows: int = 16) -> torch.Tensor:
+    """log softmax(logits / temperature)[targets] as [B, T] from logits [B, T, V], computed in row chunks."""
+    out = []
+    for start in range(0, logits.shape[0], chunk_rows):
+        chunk = logits[start:start + chunk_rows].float()
+        if temperature != 1.0:
+            chunk = chunk / temperature
+        picked = chunk.gather(-1, targets[start:start + chunk_rows, :, None]).squeeze(-1)
+        out.append(picked - torch.logsumexp(chunk, dim=-1))
+    return torch.cat(out, 0)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 16) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per position, [B, T] from [B, T, V], in row chunks."""
+    out = []
+    for start in range(0, logits.shape[0], chunk_rows):
+        chunk = logits[start:start + chunk_rows].float() / temperature
+        lse = torch.logsumexp(chunk, dim=-1)
+        out.append(lse - (chunk.softmax(-1) * chunk).sum(-1))
+    return torch.cat(out, 0)
+
+
+def response_logits(model, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Logits [B, T, V] predicting the tokens at `positions` [B, T] (so computed at positions - 1).
+
+    Only the response positions go through the LM head, so prompt positions cost no vocabulary projection.
+    """
+    prev = (positions - 1).clamp(min=0)
+    decoder, head = getattr(model, "get_decoder", lambda: None)(), model.get_output_embeddings()
+    if decoder is None or head is None:
+        logits = model(input_ids=tokens, attention_mask=attention_mask).logits
+        return logits.gather(1, prev[..., None].expand(-1, -1, logits.shape[-1]))
+    hidden = decoder(input_ids=tokens, attention_mask=attention_mask).last_hidden_state
+    picked = hidden.gather(1, prev[..., None].expand(-1, -1, hidden.shape[-1]))
+    return head(picked)
+
+
+def sequence_logprobs(model, tokens, attention_mask, positions, temperature: float = 1.0,
+                      with_entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logprobs [B, T], entropy [B, T] or None) of tokens[b, positions[b, t]] under `model`."""
+    logits = response_logits(model, tokens, attention_mask, positions)
+    targets = tokens.gather(1, positions)
+    lp = gather_logprobs(logits, targets, temperature)
+    ent = token_entropy(logits if entropy_grad else logits.detach(), temperature) if with_entropy else None
+    return lp, ent

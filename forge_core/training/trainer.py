@@ -1,0 +1,161 @@
+"""Trainer: micro-batched policy-gradient (or SFT) steps with a global token normaliser, clipping and schedules."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from forge_core.training.batching import collate
+from forge_core.training.logprobs import sequence_logprobs
+
+log = logging.getLogger(__name__)
+
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+@dataclass
+class TrainerSettings:
+    """Optimizer and step settings (config section `trainer`)."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    max_norm: float = 1.0
+    micro_batch_size: int = 32
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    total_steps: int = 0
+    min_lr_ratio: float = 0.0
+    entropy_coef: float = 0.0
+    temperature: float = 1.0
+
+    def validate(self) -> None:
+        if self.lr <= 0 or not math.isfinite(self.lr):
+            raise ValueError(f"trainer.lr must be a positive number; got {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"trainer.schedule {self.schedule!r} unknown; choose one of {SCHEDULES}")
+        if self.schedule != "constant" and self.total_steps <= 0:
+            raise ValueError(f"trainer.schedule {self.schedule!r} needs trainer.total_steps > 0")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"trainer.micro_batch_size must be >= 1; got {self.micro_batch_size}")
+        if self.temperature <= 0:
+            raise ValueError(f"trainer.temperature must be > 0 (the generator's sampling temperature); got {self.temperature}")
+
+
+def lr_factor(step: int, s: TrainerSettings) -> float:
+    """Multiplier of the base lr at optimizer step `step` (0-based): linear warmup then constant/cosine/linear."""
+    if s.warmup_steps and step < s.warmup_steps:
+        return (step + 1) / s.warmup_steps
+    if s.schedule == "constant":
+        return 1.0
+    span = max(1, s.total_steps - s.warmup_steps)
+    progress = min(1.0, (step - s.warmup_steps) / span)
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if s.schedule == "cosine" else 1.0 - progress
+    return s.min_lr_ratio + (1 - s.min_lr_ratio) * shape
+
+
+class Trainer:
+    """Owns the policy model, its AdamW optimizer and schedule; `train_step(inputs, targets) -> loss`."""
+
+    def __init__(self, model, loss: torch.nn.Module, settings: TrainerSettings, pad_id: int) -> None:
+        settings.validate()
+        self.model, self.loss_fn, self.settings, self.pad_id = model, loss, settings, pad_id
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas, eps=settings.eps,
+                                           weight_decay=settings.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, settings))
+        self.step = 0
+        self.metrics: dict[str, float] = {}
+
+    def logprobs(self, inputs: list[dict], padding_mask: torch.Tensor, with_entropy: bool = False):
+        """(logprobs [B, T], entropy or None) of the response tokens under the current weights."""
+        batch = collate(inputs, padding_mask, self.pad_id)
+        return sequence_logprobs(self.model, batch.tokens, batch.attention_mask, batch.positions,
+                                 self.settings.temperature, with_entropy, entropy_grad=self.settings.entropy_coef != 0)
+
+    def train_step(self, inputs: list[dict], targets: dict) -> float:
+        """One optimizer step over the whole batch; returns the loss. targets: response/padding_mask [B, T],
+        advantages [B] (or [B, T]), ref_logprobs/old_logprobs [B, T] or None."""
+        self.model.train()
+        mask = targets["padding_mask"].bool()
+        num_tokens = mask.sum().clamp(min=1).item()
+        num_seqs = (mask.sum(-1) > 0).sum().clamp(min=1).item()
+        mb = self.settings.micro_batch_size
+        self.optimizer.zero_grad(set_to_none=True)
+        total, weighted, ent_sum = 0.0, {}, 0.0
+        for start in range(0, len(inputs), mb):
+            sl = slice(start, start + mb)
+            part_mask = mask[sl]
+            lp, ent = self.logprobs(inputs[sl], part_mask, with_entropy=True)
+            loss = self.loss_fn(lp, pick(targets, "ref_logprobs", sl), pick(targets, "advantages", sl), part_mask,
+                                old_logprobs=pick(targets, "old_logprobs", sl), num_tokens=num_tokens,
+                                num_seqs=num_seqs)
+            ent_tokens = torch.where(part_mask, ent, torch.zeros_like(ent)).sum()
+            if self.settings.entropy_coef:
+                loss = loss - self.settings.entropy_coef * ent_tokens / num_tokens
+            if not torch.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise RuntimeError(f"non-finite loss ({loss.item()}) at step {self.step} (micro-batch at row {start}); "
+                                   "weights left unchanged — lower trainer.lr or check the rewards/advantages")
+            loss.backward()
+            total += loss.item()
+            ent_sum += ent_tokens.item()
+            share = part_mask.sum().item() / num_tokens
+            for k, v in getattr(self.loss_fn, "metrics", {}).items():
+                weighted[k] = weighted.get(k, 0.0) + share * v
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.settings.max_norm if self.settings.max_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RuntimeError(f"non-finite gradient norm at step {self.step}; weights left unchanged — lower trainer.lr")
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.metrics = {"loss": total, "grad_norm": grad_norm, "lr": lr, "entropy": ent_sum / num_tokens,
+                        "num_tokens": float(num_tokens), **weighted}
+        return total
+
+    def state_dict(self) -> dict:
+        """Model, optimizer, scheduler, step and RNG states: enough to resume exactly."""
+        return {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "step": self.step,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore everything `state_dict` saved."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+
+    def save(self, path) -> None:
+        """Write `state_dict()` atomically to `path`."""
+        from pathlib import Path
+
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        torch.save(self.state_dict(), tmp)
+        tmp.replace(path)
+
+    def load(self, path) -> None:
+        self.load_state_dict(torch.load(path, weights_only=False))
+
+
+def pick(targets: dict, key: str, sl: slice):
+    """targets[key][sl], or None when absent."""
+    value = targets.get(key)
+    return None if value is None else value[sl]

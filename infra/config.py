@@ -1,0 +1,325 @@
+"""Run configuration: dataclasses, YAML loading, dotted overrides (`--trainer.lr 3e-5`) and validation.
+
+Every error names the file, the dotted key, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny:qwen3-arith"  # a local HF dir, a hub id, or tiny:PRESET
+    dtype: str = "float32"
+
+
+@dataclass
+class DatasetConfig:
+    kind: str = "arith"  # arith | gsm8k | math | hub
+    path: str | None = None  # local JSONL/parquet (gsm8k/math) or hub name (hub)
+    eval_path: str | None = None
+    split: str = "train"
+    eval_split: str = "test"
+    on_error: str = "raise"  # raise | skip malformed rows
+    template: str = "plain"  # plain | chat
+    prompt_prefix: str = "Q: "
+    train_size: int = 20000
+    max_value: int = 99
+    num_terms: int = 2
+    ops: str = "+-"
+    style: str = "equation"
+
+
+@dataclass
+class GeneratorConfig:
+    backend: str = "torch"  # torch | vllm
+    procs: int = 1
+    num_replicas: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 32
+
+
+@dataclass
+class TrainerConfig:
+    backend: str = "hf"  # hf | titan
+    procs: int = 1
+    lr: float = 1.0e-5
+    max_norm: float = 1.0
+    micro_batch_size: int = 32
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine | linear
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    entropy_coef: float = 0.0
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 0  # 0 = no SFT warm-up before GRPO
+    batch_size: int = 64
+    lr: float = 1.0e-3
+    warmup_steps: int = 20
+    response: str = "target"  # target | solution
+    init: str | None = None  # start GRPO from this checkpoint directory instead of running SFT
+
+
+@dataclass
+class RefModelConfig:
+    enabled: str = "auto"  # auto (= when loss.beta > 0) | true | false
+    device: str = "cpu"
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 10
+    keep: int = 3
+
+
+@dataclass
+class EvalConfig:
+    every: int = 10
+    num_prompts: int = 200
+    samples: int = 0  # extra sampled completions per prompt for eval/sampled_accuracy
+
+
+@dataclass
+class SlurmConfig:
+    partition: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 2
+    mem: str | None = None
+    time: str = "04:00:00"
+    account: str | None = None
+    qos: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrackingConfig:
+    mlflow_uri: str | None = None
+    registry_url: str | None = None
+    experiment: str | None = None
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    steps: int = 200
+    prompts_per_step: int = 16
+    group_size: int = 8
+    max_policy_age: int = 0
+    filter_groups: bool = False  # DAPO dynamic sampling: drop groups whose rewards are all equal
+    threads: int = 0  # torch threads for this process; 0 = all cores
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    loss: dict = field(default_factory=lambda: {"name": "grpo"})
+    advantage: dict = field(default_factory=lambda: {"name": "grpo"})
+    rewards: list = field(default_factory=lambda: [{"name": "math", "weight": 1.0}])
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    ref_model: RefModelConfig = field(default_factory=RefModelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    launcher: str = "local"  # local | slurm | inline
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+CHOICES = {
+    "dataset.kind": ("arith", "gsm8k", "math", "hub"),
+    "dataset.on_error": ("raise", "skip"),
+    "dataset.template": ("plain", "chat"),
+    "dataset.style": ("equation", "word"),
+    "generator.backend": ("torch", "vllm"),
+    "trainer.backend": ("hf", "titan"),
+    "trainer.schedule": ("constant", "cosine", "linear"),
+    "sft.response": ("target", "solution"),
+    "ref_model.enabled": ("auto", "true", "false"),
+    "launcher": ("local", "slurm", "inline"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+}
+POSITIVE = ("steps", "prompts_per_step", "group_size", "generator.max_new_tokens", "trainer.micro_batch_size",
+            "generator.procs", "generator.num_replicas", "trainer.procs", "eval.num_prompts")
+
+
+def suggest(key: str, options) -> str:
+    close = difflib.get_close_matches(key, list(options), n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {sorted(options)}"
+
+
+def coerce(value: Any, annotation, where: str) -> Any:
+    """Check/convert a YAML value to a field's annotated type."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        annotation = next(a for a in args if a is not type(None))
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{where}: expected true/false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ValueError(f"{where}: expected an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ValueError(f"{where}: expected a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (str, int, float)):
+            return str(value)
+        raise ValueError(f"{where}: expected a string, got {value!r}")
+    if annotation in (dict, list):
+        if isinstance(value, annotation):
+            return value
+        raise ValueError(f"{where}: expected a {annotation.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls, data: dict, where: str, prefix: str = ""):
+    """Build dataclass `cls` from a mapping, rejecting unknown keys with a suggestion."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: section {prefix.rstrip('.') or '<top>'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        dotted = prefix + str(key)
+        if key not in names:
+            raise ValueError(f"{where}: unknown key {dotted!r}" + suggest(str(key), names))
+        annotation = hints[key]
+        if dataclasses.is_dataclass(annotation):
+            kwargs[key] = from_dict(annotation, value or {}, where, dotted + ".")
+        else:
+            kwargs[key] = coerce(value, annotation, f"{where}: {dotted}")
+    return cls(**kwargs)
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """['--trainer.lr', '3e-5', '--loss.name=dapo'] -> {'trainer.lr': 3e-05, 'loss.name': 'dapo'} (YAML-typed)."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ValueError(f"override {arg!r} must look like --section.key VALUE (e.g. --trainer.lr 3e-5)")
+        if "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ValueError(f"override {arg} has no value (e.g. {arg} 3e-5)")
+            key, raw = arg[2:], args[i + 1]
+            i += 2
+        out[key] = yaml.safe_load(raw) if raw != "" else ""
+    return out
+
+
+def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
+    """Set dotted keys in a nested dict (copy); lists of reward entries are replaced whole."""
+    data = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            if node.get(part) is None:
+                node[part] = {}
+            if not isinstance(node[part], dict):
+                raise ValueError(f"override {dotted!r}: {part!r} is not a section")
+            node = node[part]
+        node[parts[-1]] = value
+    return data
+
+
+def validate(cfg: RunConfig, where: str) -> RunConfig:
+    """Cross-field checks: choices, positive counts, known loss and advantage names."""
+    flat = flatten(dataclasses.asdict(cfg))
+    for key, options in CHOICES.items():
+        if str(flat[key]) not in options:
+            raise ValueError(f"{where}: {key} = {flat[key]!r} is not one of {list(options)}")
+    for key in POSITIVE:
+        if flat[key] < 1:
+            raise ValueError(f"{where}: {key} must be >= 1, got {flat[key]}")
+    if cfg.trainer.lr <= 0:
+        raise ValueError(f"{where}: trainer.lr must be > 0, got {cfg.trainer.lr}")
+    if cfg.generator.temperature <= 0:
+        raise ValueError(f"{where}: generator.temperature must be > 0 for RL sampling, got {cfg.generator.temperature}")
+    if "name" not in cfg.loss:
+        raise ValueError(f"{where}: loss.name is missing (e.g. loss: {{name: grpo}})")
+    if "name" not in cfg.advantage:
+        raise ValueError(f"{where}: advantage.name is missing (e.g. advantage: {{name: grpo}})")
+    if cfg.dataset.kind in ("gsm8k", "math", "hub") and not cfg.dataset.path:
+        raise ValueError(f"{where}: dataset.kind {cfg.dataset.kind!r} needs dataset.path")
+    if cfg.group_size < 2:
+        raise ValueError(f"{where}: group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
+    return cfg
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1} (lists kept whole): the form logged as MLflow params."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict) and v and k not in ("extra",):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list[str] | None = None) -> RunConfig:
+    """RunConfig from a YAML file (or the defaults) plus overrides (dict of dotted keys or CLI args)."""
+    data: dict = {}
+    where = "defaults"
+    if path is not None:
+        path = Path(path)
+        where = str(path)
+        if not path.exists():
+            raise ValueError(f"config file {where} does not exist; see configs/ for examples")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{where}: invalid YAML: {exc}") from exc
+    if isinstance(overrides, list):
+        overrides = parse_overrides(overrides)
+    if overrides:
+        data = apply_overrides(data, overrides)
+        where += " + overrides"
+    return validate(from_dict(RunConfig, data, where), where)
+
+
+def config_to_dict(cfg: RunConfig) -> dict:
+    """Plain nested dict (YAML/JSON-serialisable) of a RunConfig."""
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: RunConfig, path: str | Path) -> Path:
+    """Write the resolved config as YAML."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    return path

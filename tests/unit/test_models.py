@@ -1,0 +1,62 @@
+import pytest
+import torch
+
+from forge_core.models import build_char_tokenizer, load_model_and_tokenizer, save_model_and_tokenizer
+
+
+def test_char_tokenizer_round_trip_and_specials():
+    tok = build_char_tokenizer()
+    text = "Q: 12+7=\n<answer>19</answer>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text)
+    assert tok.decode(ids) == text
+    assert tok.eos_token_id != tok.pad_token_id
+    assert tok.decode([tok.eos_token_id] + ids[:2], skip_special_tokens=True) == "Q:"
+
+
+def test_chat_template_renders_roles():
+    tok = build_char_tokenizer()
+    text = tok.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                                   tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 3
+
+
+def test_tiny_preset_is_qwen3_with_gqa():
+    model, tok = load_model_and_tokenizer("tiny:qwen3-arith")
+    cfg = model.config
+    assert cfg.model_type == "qwen3" and cfg.hidden_size == 256 and cfg.num_hidden_layers == 4
+    assert cfg.num_key_value_heads < cfg.num_attention_heads
+    assert cfg.vocab_size == len(tok)
+
+
+def test_save_and_load_with_transformers_directly(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=3)
+    out = save_model_and_tokenizer(model, tok, tmp_path / "ckpt")
+    assert (out / "model.safetensors").exists() and (out / "config.json").exists()
+    again = AutoModelForCausalLM.from_pretrained(out)
+    tok2 = AutoTokenizer.from_pretrained(out)
+    ids = torch.tensor([tok2("Q: 1+2=", add_special_tokens=False)["input_ids"]])
+    torch.testing.assert_close(again(ids).logits, model(ids).logits)
+    model3, tok3 = load_model_and_tokenizer(str(out))
+    assert tok3.padding_side == "left" and tok3.eos_token_id == tok.eos_token_id
+    torch.testing.assert_close(model3(ids).logits, model(ids).logits)
+
+
+def test_tiny_presets_are_seeded():
+    a, _ = load_model_and_tokenizer("tiny:qwen3-micro", seed=1)
+    b, _ = load_model_and_tokenizer("tiny:qwen3-micro", seed=1)
+    c, _ = load_model_and_tokenizer("tiny:qwen3-micro", seed=2)
+    pa, pb, pc = (next(m.parameters()) for m in (a, b, c))
+    assert torch.equal(pa, pb) and not torch.equal(pa, pc)
+
+
+def test_load_errors_name_the_path(tmp_path):
+    with pytest.raises(ValueError, match="unknown tiny preset 'nope'"):
+        load_model_and_tokenizer("tiny:nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="without config.json"):
+        load_model_and_tokenizer(str(tmp_path / "empty"))

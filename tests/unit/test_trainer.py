@@ -1,0 +1,113 @@
+import math
+
+import pytest
+import torch
+
+from forge_core.losses import get_loss
+from forge_core.models import load_model_and_tokenizer
+from forge_core.training import Trainer, TrainerSettings, lr_factor
+
+
+def make_batch(tok, seed=0, b=6):
+    g = torch.Generator().manual_seed(seed)
+    inputs, lengths = [], [1, 5, 3, 8, 2, 6][:b]
+    t = max(lengths)
+    response = torch.full((b, t), tok.pad_token_id)
+    mask = torch.zeros(b, t, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        prompt = torch.randint(5, len(tok), (3 + i % 3,), generator=g)
+        resp = torch.randint(5, len(tok), (n,), generator=g)
+        response[i, :n], mask[i, :n] = resp, True
+        inputs.append({"tokens": torch.cat([prompt, resp])})
+    targets = {
+        "response": response, "padding_mask": mask,
+        "advantages": torch.randn(b, generator=g),
+        "old_logprobs": torch.where(mask, -3.0 + 0.5 * torch.randn(b, t, generator=g), 0.0),
+        "ref_logprobs": None,
+    }
+    return inputs, targets
+
+
+def fresh(loss="dapo", **settings):
+    model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
+    return Trainer(model, get_loss(loss), TrainerSettings(**settings), tok.pad_token_id), tok
+
+
+@pytest.mark.parametrize("loss", ["dapo", "grpo", "gspo"])
+def test_micro_batching_matches_full_batch(loss):
+    t_full, tok = fresh(loss, lr=1e-3, micro_batch_size=64)
+    t_micro, _ = fresh(loss, lr=1e-3, micro_batch_size=4)  # unequal token counts: rows 0-3 vs 4-5
+    inputs, targets = make_batch(tok)
+    a = t_full.train_step(inputs, targets)
+    b = t_micro.train_step(inputs, targets)
+    assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert t_full.metrics["grad_norm"] == pytest.approx(t_micro.metrics["grad_norm"], rel=1e-4)
+    for p, q in zip(t_full.model.parameters(), t_micro.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_clipping_is_applied():
+    trainer, tok = fresh("reinforce", lr=1e-3, max_norm=1e-3)
+    seen = []
+    original = trainer.optimizer.step
+
+    def spy(*args, **kwargs):
+        norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in trainer.model.parameters() if p.grad is not None))
+        seen.append(norm.item())
+        return original(*args, **kwargs)
+
+    trainer.optimizer.step = spy
+    trainer.train_step(*make_batch(tok))
+    assert trainer.metrics["grad_norm"] > 1e-2  # the reported norm is the pre-clip one
+    assert seen[0] <= 1e-3 * (1 + 1e-4)
+
+
+def test_non_finite_loss_raises_before_touching_weights():
+    trainer, tok = fresh("dapo", lr=1e-2)
+    inputs, targets = make_batch(tok)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    targets["advantages"][2] = float("nan")
+    with pytest.raises(RuntimeError, match="non-finite loss .* at step 0"):
+        trainer.train_step(inputs, targets)
+    for p, q in zip(before, trainer.model.parameters()):
+        assert torch.equal(p, q)
+    assert all(p.grad is None for p in trainer.model.parameters())
+    assert trainer.step == 0
+
+
+def test_save_load_round_trip_gives_identical_next_step(tmp_path):
+    a, tok = fresh("dapo", lr=1e-3, schedule="cosine", total_steps=10, warmup_steps=2)
+    batches = [make_batch(tok, seed=s) for s in range(3)]
+    a.train_step(*batches[0])
+    a.train_step(*batches[1])
+    a.save(tmp_path / "state.pt")
+    expected = a.train_step(*batches[2])
+    b, _ = fresh("dapo", lr=1e-3, schedule="cosine", total_steps=10, warmup_steps=2)
+    b.load(tmp_path / "state.pt")
+    assert b.step == 2
+    got = b.train_step(*batches[2])
+    assert got == expected
+    assert b.metrics["lr"] == a.metrics["lr"]
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_metrics_are_reported():
+    trainer, tok = fresh("grpo", lr=1e-3, entropy_coef=0.01)
+    trainer.train_step(*make_batch(tok))
+    m = trainer.metrics
+    for key in ("loss", "grad_norm", "lr", "entropy", "clip_frac_low", "clip_frac_high", "ratio_mean"):
+        assert key in m and math.isfinite(m[key])
+    assert m["entropy"] > 0
+
+
+def test_lr_schedules():
+    s = TrainerSettings(lr=1.0, warmup_steps=4, schedule="cosine", total_steps=14, min_lr_ratio=0.1)
+    assert [lr_factor(i, s) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(4, s) == pytest.approx(1.0)
+    assert lr_factor(9, s) == pytest.approx(0.55)
+    assert lr_factor(14, s) == pytest.approx(0.1)
+    lin = TrainerSettings(lr=1.0, schedule="linear", total_steps=10)
+    assert lr_factor(5, lin) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="needs trainer.total_steps"):
+        TrainerSettings(schedule="cosine").validate()
