@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/forgeflow run-default
+	$(VENV)/bin/forgeflow grpo --config configs/grpo_math_tiny.yaml --run-name make-run
 
 test: $(STAMP)
 	$(PY) -m ruff check .

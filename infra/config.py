@@ -30,6 +30,7 @@ class DatasetConfig:
     eval_path: str | None = None
     split: str = "train"
     eval_split: str = "test"
+    seed: int = 0  # data seed (fixed across run seeds so every run is judged on the same held-out set)
     on_error: str = "raise"  # raise | skip malformed rows
     template: str = "plain"  # plain | chat
     prompt_prefix: str = "Q: "
@@ -152,7 +153,7 @@ CHOICES = {
     "launcher": ("local", "slurm", "inline"),
     "model.dtype": ("float32", "bfloat16", "float16"),
 }
-POSITIVE = ("steps", "prompts_per_step", "group_size", "generator.max_new_tokens", "trainer.micro_batch_size",
+POSITIVE = ("prompts_per_step", "group_size", "generator.max_new_tokens", "trainer.micro_batch_size",
             "generator.procs", "generator.num_replicas", "trainer.procs", "eval.num_prompts")
 
 
@@ -265,6 +266,8 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     for key in POSITIVE:
         if flat[key] < 1:
             raise ValueError(f"{where}: {key} must be >= 1, got {flat[key]}")
+    if cfg.steps < 0 or cfg.sft.steps < 0:
+        raise ValueError(f"{where}: steps and sft.steps must be >= 0 (0 skips the phase)")
     if cfg.trainer.lr <= 0:
         raise ValueError(f"{where}: trainer.lr must be > 0, got {cfg.trainer.lr}")
     if cfg.generator.temperature <= 0:

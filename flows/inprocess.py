@@ -1,0 +1,126 @@
+"""The main job in one process (no Prefect): SFT warm-up then GRPO, with progress, records and a RESULT line.
+
+`make run` and `forgeflow grpo|sft` use this until the Prefect flow takes over; it calls the same step functions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from forge_core.generation import TorchGenerator
+from forge_core.losses import get_loss
+from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
+from forge_core.recipes.grpo import GRPOLoop, GRPOSettings
+from forge_core.recipes.sft import make_sft_examples, run_sft
+from forge_core.recipes.steps import evaluate
+from forge_core.rewards import CombinedReward
+from forge_core.training import Trainer
+from infra import components as C
+from infra.config import RunConfig, dump_config
+from infra.paths import new_run_id, run_dir
+from infra.plots import plot_curves
+
+log = logging.getLogger(__name__)
+
+
+def line_for_step(step: int, total: int, m: dict) -> str:
+    """One human line per GRPO step."""
+    acc = f" acc {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""
+    return (f"step {step + 1:>4}/{total} reward {m.get('reward/mean', 0):.3f}{acc} loss {m.get('loss/loss', 0):+.4f} "
+            f"kl {m.get('loss/kl_mean', 0):.4f} len {m.get('rollout/response_len_mean', 0):.1f} "
+            f"{m.get('timing/step', 0):.2f}s")
+
+
+def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool) -> Path:
+    """Run cfg.sft.steps of SFT with a progress bar; save the HF checkpoint to out/sft."""
+    examples = make_sft_examples(splits.train, splits.train_prompts, tok, cfg.sft.response)
+    trainer = Trainer(model, get_loss("sft"), C.sft_settings(cfg), tok.pad_token_id)
+    bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not show, dynamic_ncols=True)
+
+    def on_step(step, metrics):
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+
+    run_sft(trainer, examples, cfg.sft.steps, cfg.sft.batch_size, cfg.seed, tok.pad_token_id, on_step)
+    bar.close()
+    return save_model_and_tokenizer(model, tok, out / "sft")
+
+
+def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
+    """Run cfg.steps GRPO steps in-process; returns the metric history (each row has 'step')."""
+    params = C.sampling_params(cfg)
+    generator = TorchGenerator(model, tok, params)
+    trainer = Trainer(model, C.build_loss(cfg), C.trainer_settings(cfg), tok.pad_token_id)
+    ref_model = None
+    if C.needs_reference(cfg):
+        ref_model, _ = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed)
+        ref_model.load_state_dict(model.state_dict())
+        ref_model.eval().requires_grad_(False)
+    reward = CombinedReward.from_config(cfg.rewards)
+    settings = GRPOSettings(steps=cfg.steps, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                            seed=cfg.seed, advantage=dict(cfg.advantage), filter_groups=cfg.filter_groups,
+                            eval_every=cfg.eval.every, eval_samples=cfg.eval.samples, sampling=params)
+    loop = GRPOLoop(generator, trainer, reward, splits.train, splits.train_prompts, splits.eval, splits.eval_prompts,
+                    settings, tok.pad_token_id, ref_model)
+    bar = tqdm(total=cfg.steps, desc="grpo", disable=not show, dynamic_ncols=True)
+    history: list[dict] = []
+
+    def on_step(step, metrics):
+        history.append({"step": step + 1, **metrics})
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics.get('reward/mean', 0):.3f}")
+        (tqdm.write if show else log.info)(line_for_step(step, cfg.steps, metrics))
+
+    loop.run(on_step=on_step)
+    bar.close()
+    return history
+
+
+def run_main_job(cfg: RunConfig, run_name: str | None = None, show: bool = True) -> dict:
+    """SFT (when configured) then GRPO; writes config, metrics, curves and checkpoints; returns the summary."""
+    start = time.perf_counter()
+    threads = C.configure_threads(cfg)
+    torch.manual_seed(cfg.seed)
+    run_id = new_run_id()
+    out = run_dir(run_id)
+    dump_config(cfg, out / "config.yaml")
+    log.info("run %s (%s) in %s with %d threads", run_id, run_name or "unnamed", out, threads)
+    model_path = cfg.sft.init or cfg.model.path
+    model, tok = load_model_and_tokenizer(model_path, seed=cfg.seed, dtype=C.DTYPES[cfg.model.dtype])
+    splits = C.build_splits(cfg, tok)
+    if cfg.sft.steps > 0 and not cfg.sft.init:
+        sft_path = sft_phase(cfg, model, tok, splits, out, show)
+        log.info("SFT checkpoint: %s", sft_path)
+    generator = TorchGenerator(model, tok, C.sampling_params(cfg))
+    judge = lambda: evaluate(generator, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens,  # noqa: E731
+                             samples=cfg.eval.samples, temperature=cfg.generator.temperature, seed=cfg.seed)
+    before = judge()
+    history = grpo_phase(cfg, model, tok, splits, show) if cfg.steps > 0 else []
+    after = judge()
+    final = save_model_and_tokenizer(model, tok, out / "final")
+    summary = {
+        "run_id": run_id, "run_name": run_name, "acc_before": before["eval/accuracy"],
+        "acc_after": after["eval/accuracy"], "minutes": (time.perf_counter() - start) / 60, "checkpoint": str(final),
+        "sampled_before": before.get("eval/sampled_accuracy"), "sampled_after": after.get("eval/sampled_accuracy"),
+    }
+    with (out / "metrics.jsonl").open("w") as f:
+        for row in history:
+            f.write(json.dumps(row) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if history:
+        rows = [{"step": 0, **before}] + history + [{"step": cfg.steps, **after}]
+        summary["plot"] = str(plot_curves({run_name or run_id: rows}, out / "curves.png",
+                                          title=f"GRPO {cfg.loss['name']} on {cfg.dataset.kind}"))
+    return summary
+
+
+def result_line(summary: dict) -> str:
+    """The machine-readable last line of `make run`."""
+    return (f"RESULT acc_before={summary['acc_before']:.3f} acc_after={summary['acc_after']:.3f} "
+            f"minutes={summary['minutes']:.2f} run_id={summary['run_id']}")

@@ -1,0 +1,101 @@
+"""Build forge_core components (model, data, prompts, generator, trainer, rewards) from a RunConfig."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from forge_core.data import ArithSpec, build_template, load_hub_problems, load_problems, make_arith_problems
+from forge_core.data.problems import Problem
+from forge_core.generation import SamplingParams
+from forge_core.losses import get_loss
+from forge_core.training import TrainerSettings
+from infra.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def configure_threads(cfg: RunConfig) -> int:
+    """Set torch's intra-op threads deliberately (cfg.threads, 0 = every core) and return the number."""
+    threads = cfg.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    return threads
+
+
+@dataclass
+class ProblemSplits:
+    """Training and held-out problems with their rendered prompts."""
+
+    train: list[Problem]
+    train_prompts: list[str]
+    eval: list[Problem]
+    eval_prompts: list[str]
+
+
+def load_splits(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
+    """(train, eval) problems for cfg.dataset; eval is capped at cfg.eval.num_prompts."""
+    ds, n_eval = cfg.dataset, cfg.eval.num_prompts
+    if ds.kind == "arith":
+        spec = ArithSpec(max_value=ds.max_value, num_terms=ds.num_terms, ops=tuple(ds.ops), style=ds.style)
+        train = make_arith_problems(ds.train_size, seed=ds.seed, split="train", spec=spec)
+        return train, make_arith_problems(n_eval, seed=ds.seed, split="test", spec=spec)
+    if ds.kind == "hub":
+        fmt = "gsm8k"
+        train = load_hub_problems(ds.path, ds.split, fmt, on_error=ds.on_error).problems
+        return train, load_hub_problems(ds.path, ds.eval_split, fmt, on_error=ds.on_error).problems[:n_eval]
+    train = load_problems(ds.path, fmt=ds.kind, on_error=ds.on_error).problems
+    if ds.eval_path:
+        return train, load_problems(ds.eval_path, fmt=ds.kind, on_error=ds.on_error).problems[:n_eval]
+    if len(train) <= n_eval:
+        raise ValueError(f"dataset.path {ds.path} has {len(train)} rows: set dataset.eval_path or lower eval.num_prompts")
+    # no separate eval file: hold out the last rows, which training never samples
+    return train[:-n_eval], train[-n_eval:]
+
+
+def build_splits(cfg: RunConfig, tokenizer) -> ProblemSplits:
+    """Problems plus prompts rendered with the configured template."""
+    train, held_out = load_splits(cfg)
+    kwargs = {"prefix": cfg.dataset.prompt_prefix} if cfg.dataset.template == "plain" else {}
+    template = build_template(cfg.dataset.template, **kwargs)
+    render = lambda ps: [template.render(p.question, tokenizer) for p in ps]  # noqa: E731
+    return ProblemSplits(train, render(train), held_out, render(held_out))
+
+
+def sampling_params(cfg: RunConfig) -> SamplingParams:
+    g = cfg.generator
+    return SamplingParams(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, max_new_tokens=g.max_new_tokens)
+
+
+def build_loss(cfg: RunConfig):
+    """The configured policy loss (max_len filled from generator.max_new_tokens when the loss needs it)."""
+    params = dict(cfg.loss)
+    name = params.pop("name")
+    if name == "dr_grpo" or params.get("aggregation") == "seq-mean-token-sum-norm":
+        params.setdefault("max_len", cfg.generator.max_new_tokens)
+    return get_loss(name, **params)
+
+
+def trainer_settings(cfg: RunConfig) -> TrainerSettings:
+    t = cfg.trainer
+    return TrainerSettings(lr=t.lr, weight_decay=t.weight_decay, max_norm=t.max_norm,
+                           micro_batch_size=t.micro_batch_size, warmup_steps=t.warmup_steps, schedule=t.schedule,
+                           total_steps=cfg.steps, min_lr_ratio=t.min_lr_ratio, entropy_coef=t.entropy_coef,
+                           temperature=cfg.generator.temperature)
+
+
+def sft_settings(cfg: RunConfig) -> TrainerSettings:
+    s = cfg.sft
+    return TrainerSettings(lr=s.lr, micro_batch_size=max(s.batch_size, 1), warmup_steps=s.warmup_steps,
+                           schedule="cosine", total_steps=max(s.steps, 1), max_norm=cfg.trainer.max_norm)
+
+
+def needs_reference(cfg: RunConfig) -> bool:
+    """Whether a reference model is scored: `auto` means when loss.beta > 0."""
+    if cfg.ref_model.enabled == "auto":
+        return float(cfg.loss.get("beta", 0.0) or 0.0) > 0
+    return cfg.ref_model.enabled == "true"

@@ -1,0 +1,65 @@
+import pytest
+
+from infra.config import flatten, load_config, parse_overrides
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_configs_load():
+    for name in ("configs/grpo_math_tiny.yaml", "configs/sft_math_tiny.yaml"):
+        cfg = load_config(name)
+        assert cfg.model.path == "tiny:qwen3-arith"
+    assert load_config("configs/sft_math_tiny.yaml").steps == 0
+
+
+def test_overrides_are_yaml_typed():
+    cfg = load_config("configs/grpo_math_tiny.yaml",
+                      ["--trainer.lr", "3e-5", "--loss.name=dapo", "--generator.procs", "2", "--filter_groups", "false"])
+    assert cfg.trainer.lr == 3e-5 and cfg.loss["name"] == "dapo" and cfg.generator.procs == 2
+    assert cfg.filter_groups is False
+    assert cfg.loss["clip_high"] == 0.2  # the rest of the section is kept
+
+
+def test_dict_overrides():
+    cfg = load_config(None, {"steps": 7, "loss.name": "gspo", "dataset.max_value": 9})
+    assert (cfg.steps, cfg.loss["name"], cfg.dataset.max_value) == (7, "gspo", 9)
+
+
+def test_unknown_key_names_file_and_suggests(tmp_path):
+    path = write(tmp_path, "trainer: {lrr: 1.0e-5}\n")
+    with pytest.raises(ValueError, match=r"c.yaml: unknown key 'trainer.lrr'; did you mean 'lr'\?"):
+        load_config(path)
+    with pytest.raises(ValueError, match="unknown key 'stepz'"):
+        load_config(None, {"stepz": 3})
+
+
+def test_bad_values_are_named(tmp_path):
+    with pytest.raises(ValueError, match="trainer.lr: expected a number, got 'fast'"):
+        load_config(None, {"trainer.lr": "fast"})
+    with pytest.raises(ValueError, match="launcher = 'cloud' is not one of"):
+        load_config(None, {"launcher": "cloud"})
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        load_config(None, {"group_size": 1})
+    with pytest.raises(ValueError, match="steps: expected an integer"):
+        load_config(None, {"steps": 2.5})
+    with pytest.raises(ValueError, match="dataset.kind 'gsm8k' needs dataset.path"):
+        load_config(None, {"dataset.kind": "gsm8k"})
+    with pytest.raises(ValueError, match="invalid YAML"):
+        load_config(write(tmp_path, "a: [1,\n"))
+    with pytest.raises(ValueError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_parse_overrides_errors():
+    with pytest.raises(ValueError, match="has no value"):
+        parse_overrides(["--trainer.lr"])
+    with pytest.raises(ValueError, match="must look like --section.key"):
+        parse_overrides(["trainer.lr", "1"])
+
+
+def test_flatten():
+    assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": [1]}) == {"a.b": 1, "a.c.d": 2, "e": [1]}
