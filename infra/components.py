@@ -91,7 +91,8 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
 def sft_settings(cfg: RunConfig) -> TrainerSettings:
     s = cfg.sft
     return TrainerSettings(lr=s.lr, micro_batch_size=max(s.batch_size, 1), warmup_steps=s.warmup_steps,
-                           schedule="cosine", total_steps=max(s.steps, 1), max_norm=cfg.trainer.max_norm)
+                           schedule="cosine", total_steps=max(s.schedule_steps or s.steps, 1),
+                           max_norm=cfg.trainer.max_norm)
 
 
 def needs_reference(cfg: RunConfig) -> bool:

@@ -72,6 +72,7 @@ class SFTConfig:
     batch_size: int = 64
     lr: float = 1.0e-3
     warmup_steps: int = 20
+    schedule_steps: int = 0  # cosine horizon; > steps stops SFT before the lr reaches 0 (0 = steps)
     response: str = "target"  # target | solution
     init: str | None = None  # start GRPO from this checkpoint directory instead of running SFT
 
@@ -268,6 +269,9 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
             raise ValueError(f"{where}: {key} must be >= 1, got {flat[key]}")
     if cfg.steps < 0 or cfg.sft.steps < 0:
         raise ValueError(f"{where}: steps and sft.steps must be >= 0 (0 skips the phase)")
+    if cfg.sft.schedule_steps and cfg.sft.schedule_steps < cfg.sft.steps:
+        raise ValueError(f"{where}: sft.schedule_steps ({cfg.sft.schedule_steps}) must be 0 or >= sft.steps "
+                         f"({cfg.sft.steps})")
     if cfg.trainer.lr <= 0:
         raise ValueError(f"{where}: trainer.lr must be > 0, got {cfg.trainer.lr}")
     if cfg.generator.temperature <= 0:

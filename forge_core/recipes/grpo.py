@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from forge_core.advantages import collect_informative_groups
 from forge_core.data.problems import Problem
 from forge_core.generation import SamplingParams, TorchGenerator
 from forge_core.recipes import steps
@@ -27,6 +28,7 @@ class GRPOSettings:
     seed: int = 0
     advantage: dict = field(default_factory=lambda: {"name": "grpo"})
     filter_groups: bool = False
+    fill_rounds: int = 1  # with filter_groups: sampling rounds to refill dropped groups (DAPO dynamic sampling)
     eval_every: int = 10
     eval_samples: int = 0
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -64,21 +66,17 @@ class GRPOLoop:
         """One GRPO iteration; returns all metrics of the step."""
         s, timings = self.settings, {}
         t0 = time.perf_counter()
-        idx = sample_prompt_indices(len(self.train_problems), s.prompts_per_step, s.seed, step)
-        groups = steps.rollout(self.generator, [self.train_problems[i] for i in idx],
-                               [self.train_prompts[i] for i in idx], s.group_size, steps.step_seed(s.seed, step),
-                               s.sampling)
-        timings["timing/rollout"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        metrics = steps.score_rewards(groups, self.reward)
+        groups, metrics = self.sample_groups(step)
+        timings["timing/reward"] = metrics.pop("timing/reward")
+        timings["timing/rollout"] = time.perf_counter() - t0 - timings["timing/reward"]
         metrics.update(steps.rollout_metrics(groups))
-        timings["timing/reward"] = time.perf_counter() - t1
         if self.ref_model is not None:
             t2 = time.perf_counter()
             steps.score_reference(self.ref_model, groups, self.pad_id, s.sampling.temperature)
             timings["timing/reference"] = time.perf_counter() - t2
         adv = dict(s.advantage)
         episodes, adv_metrics = steps.compute_advantages(groups, adv.pop("name"), s.filter_groups, **adv)
+        adv_metrics["rollout/dropped_groups"] += metrics.pop("rollout/refill_dropped", 0.0)
         metrics.update(adv_metrics)
         t3 = time.perf_counter()
         metrics.update(steps.train_on_episodes(self.trainer, episodes, self.pad_id))
@@ -91,6 +89,36 @@ class GRPOLoop:
         metrics["rollout/tokens_per_s"] = tokens / max(timings["timing/rollout"], 1e-9)
         metrics["rollout/policy_staleness"] = 0.0
         return {**metrics, **timings}
+
+    def sample_groups(self, step: int) -> tuple[list, dict[str, float]]:
+        """Rollout + reward for `step`; with filter_groups and fill_rounds > 1, uninformative groups are replaced
+        by fresh prompts until the batch is full or the rounds run out. Returns (groups, metrics)."""
+        s = self.settings
+        reward_time, calls = 0.0, []
+
+        def sample(n: int) -> list:
+            nonlocal reward_time
+            salt = len(calls)
+            calls.append(n)
+            idx = sample_prompt_indices(len(self.train_problems), n, s.seed + 7919 * salt, step)
+            groups = steps.rollout(self.generator, [self.train_problems[i] for i in idx],
+                                   [self.train_prompts[i] for i in idx], s.group_size,
+                                   steps.step_seed(s.seed, step, salt), s.sampling)
+            t = time.perf_counter()
+            calls[-1] = steps.score_rewards(groups, self.reward)
+            reward_time += time.perf_counter() - t
+            return groups
+
+        if s.filter_groups and s.fill_rounds > 1:
+            groups, stats = collect_informative_groups(sample, s.prompts_per_step, s.fill_rounds)
+            metrics = dict(calls[0])
+            metrics.update({"rollout/fill_rounds": float(stats.rounds), "rollout/sampled_groups": float(stats.sampled),
+                            "rollout/refill_dropped": float(stats.dropped)})
+        else:
+            groups = sample(s.prompts_per_step)
+            metrics = dict(calls[0])
+        metrics["timing/reward"] = reward_time
+        return groups, metrics
 
     def run(self, start_step: int = 0, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
         """Steps start_step..settings.steps-1; `on_step(step, metrics)` after each. Returns the metric history."""

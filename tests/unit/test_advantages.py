@@ -81,3 +81,31 @@ def test_collect_keeps_sampling_until_full_or_limit():
 
     groups, stats = collect_informative_groups(lambda n: [group([1, 1])] * n, 4, max_rounds=3)
     assert groups == [] and not stats.filled and stats.rounds == 3 and stats.dropped == 12
+
+
+def test_grpo_loop_refills_dropped_groups():
+    from forge_core.data import make_arith_problems
+    from forge_core.generation import SamplingParams, TorchGenerator
+    from forge_core.losses import get_loss
+    from forge_core.models import load_model_and_tokenizer
+    from forge_core.recipes.grpo import GRPOLoop, GRPOSettings
+    from forge_core.rewards import CombinedReward
+    from forge_core.training import Trainer, TrainerSettings
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
+    problems = make_arith_problems(40, seed=0)
+    prompts = [p.question for p in problems]
+    params = SamplingParams(max_new_tokens=2)
+    flip = iter(range(10_000))
+    # a reward that is informative for every other sampled episode pair: half the groups stay all-equal
+    reward = CombinedReward([("coin", lambda p, r, t: float(next(flip) % 16 < 2), 1.0)])
+    loop = GRPOLoop(TorchGenerator(model, tok, params), Trainer(model, get_loss("grpo"), TrainerSettings(), 0),
+                    reward, problems, prompts, problems[:2], prompts[:2],
+                    GRPOSettings(steps=1, prompts_per_step=8, group_size=8, filter_groups=True, fill_rounds=4,
+                                 eval_every=0, sampling=params), tok.pad_token_id)
+    m = loop.run_step(0)
+    assert m["rollout/fill_rounds"] > 1
+    assert m["rollout/dropped_groups"] > 0
+    kept = m["rollout/num_episodes"] / 8
+    assert m["rollout/sampled_groups"] > 8 and kept > 4  # refilling kept more than the first round's 4
+    assert m["rollout/dropped_groups"] == m["rollout/sampled_groups"] - kept
