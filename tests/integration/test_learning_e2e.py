@@ -32,7 +32,7 @@ def test_grpo_raises_training_reward_on_easy_split():
     model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
     sft = Trainer(model, get_loss("sft"),
                   TrainerSettings(lr=3e-3, schedule="cosine", total_steps=400, micro_batch_size=64), tok.pad_token_id)
-    run_sft(sft, make_sft_examples(problems, prompts, tok), steps=150, batch_size=32, seed=0, pad_id=tok.pad_token_id)
+    run_sft(sft, make_sft_examples(problems, prompts, tok), steps=90, batch_size=32, seed=0, pad_id=tok.pad_token_id)
 
     params = SamplingParams(temperature=1.0, max_new_tokens=4)
     reward = CombinedReward.from_config([{"name": "math"}])
@@ -40,7 +40,7 @@ def test_grpo_raises_training_reward_on_easy_split():
     before = mean_reward(generator, problems, prompts, reward, params)
     trainer = Trainer(model, get_loss("grpo"), TrainerSettings(lr=2e-4, micro_batch_size=256), tok.pad_token_id)
     loop = GRPOLoop(generator, trainer, reward, problems, prompts, problems[:8], prompts[:8],
-                    GRPOSettings(steps=25, prompts_per_step=16, group_size=8, eval_every=0, sampling=params),
+                    GRPOSettings(steps=40, prompts_per_step=16, group_size=8, eval_every=0, sampling=params),
                     tok.pad_token_id)
     history = loop.run()
     after = mean_reward(generator, problems, prompts, reward, params)
