@@ -81,6 +81,27 @@ class SFTConfig:
 class RefModelConfig:
     enabled: str = "auto"  # auto (= when loss.beta > 0) | true | false
     device: str = "cpu"
+    procs: int = 1
+
+
+@dataclass
+class RewardConfig:
+    num_replicas: int = 1  # reward workers, called round-robin
+
+
+@dataclass
+class WeightSyncConfig:
+    backend: str = "fs"  # fs | torchstore
+    root: str | None = None  # null = /dev/shm/forgeflow-<run_id> (one node); a shared path for several nodes
+    keep: int = 2
+
+
+@dataclass
+class WorkersConfig:
+    threads: int = 1  # torch threads per worker process (they share the cores)
+    start_timeout_s: float = 600.0
+    call_timeout_s: float = 900.0
+    heartbeat_stale_s: float = 60.0  # a worker exits when the controller's heartbeat is older than this
 
 
 @dataclass
@@ -138,6 +159,9 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     launcher: str = "local"  # local | slurm | inline
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    weightsync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
@@ -153,9 +177,11 @@ CHOICES = {
     "ref_model.enabled": ("auto", "true", "false"),
     "launcher": ("local", "slurm", "inline"),
     "model.dtype": ("float32", "bfloat16", "float16"),
+    "weightsync.backend": ("fs", "torchstore"),
 }
 POSITIVE = ("prompts_per_step", "group_size", "generator.max_new_tokens", "trainer.micro_batch_size",
-            "generator.procs", "generator.num_replicas", "trainer.procs", "eval.num_prompts")
+            "generator.procs", "generator.num_replicas", "trainer.procs", "eval.num_prompts",
+            "ref_model.procs", "reward.num_replicas", "workers.threads", "weightsync.keep")
 
 
 def suggest(key: str, options) -> str:
@@ -316,6 +342,11 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list
     if overrides:
         data = apply_overrides(data, overrides)
         where += " + overrides"
+    return validate(from_dict(RunConfig, data, where), where)
+
+
+def config_from_dict(data: dict, where: str = "config dict") -> RunConfig:
+    """RunConfig from a plain nested dict (e.g. one written by config_to_dict), validated."""
     return validate(from_dict(RunConfig, data, where), where)
 
 

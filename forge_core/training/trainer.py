@@ -79,13 +79,15 @@ class Trainer:
         return sequence_logprobs(self.model, batch.tokens, batch.attention_mask, batch.positions,
                                  self.settings.temperature, with_entropy, entropy_grad=self.settings.entropy_coef != 0)
 
-    def train_step(self, inputs: list[dict], targets: dict) -> float:
+    def train_step(self, inputs: list[dict], targets: dict, num_tokens: int | None = None,
+                   num_seqs: int | None = None) -> float:
         """One optimizer step over the whole batch; returns the loss. targets: response/padding_mask [B, T],
-        advantages [B] (or [B, T]), ref_logprobs/old_logprobs [B, T] or None."""
+        advantages [B] (or [B, T]), ref_logprobs/old_logprobs [B, T] or None. num_tokens/num_seqs override the
+        normalisers when this batch is one rank's share of a larger one."""
         self.model.train()
         mask = targets["padding_mask"].bool()
-        num_tokens = mask.sum().clamp(min=1).item()
-        num_seqs = (mask.sum(-1) > 0).sum().clamp(min=1).item()
+        num_tokens = num_tokens or mask.sum().clamp(min=1).item()
+        num_seqs = num_seqs or (mask.sum(-1) > 0).sum().clamp(min=1).item()
         mb = self.settings.micro_batch_size
         self.optimizer.zero_grad(set_to_none=True)
         total, weighted, ent_sum = 0.0, {}, 0.0
@@ -111,7 +113,9 @@ class Trainer:
                 weighted[k] = weighted.get(k, 0.0) + share * v
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.settings.max_norm if self.settings.max_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        # sharded (DTensor) parameters give a DTensor norm; its full value is the global norm
+        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise RuntimeError(f"non-finite gradient norm at step {self.step}; weights left unchanged — lower trainer.lr")

@@ -1,0 +1,87 @@
+"""submitit executors for worker jobs, chosen by `launcher: local | slurm | inline`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from infra.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+# persistent workers live as long as the run: never let submitit's 5-minute local default kill them
+LOCAL_TIMEOUT_MIN = 7 * 24 * 60
+
+
+def slurm_minutes(time_str: str) -> int:
+    """SLURM time 'D-HH:MM:SS', 'HH:MM:SS', 'MM:SS' or 'MM' → minutes (rounded up)."""
+    days, _, rest = time_str.partition("-") if "-" in time_str else ("0", "", time_str)
+    parts = [int(p) for p in rest.split(":")]
+    if len(parts) == 1:
+        h, m, s = 0, parts[0], 0
+    elif len(parts) == 2:
+        h, (m, s) = 0, parts
+    elif len(parts) == 3:
+        h, m, s = parts
+    else:
+        raise ValueError(f"slurm.time {time_str!r} is not D-HH:MM:SS, HH:MM:SS, MM:SS or MM")
+    return int(days) * 1440 + h * 60 + m + (1 if s else 0)
+
+
+def make_executor(cfg: RunConfig, folder: Path, tasks: int = 1, gpus: int = 0, name: str = "forgeflow"):
+    """A submitit executor for one worker job with `tasks` ranks."""
+    import submitit
+
+    if cfg.launcher == "local":
+        ex = submitit.LocalExecutor(folder=str(folder))
+        ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN, tasks_per_node=tasks, gpus_per_node=gpus)
+        return ex
+    if cfg.launcher == "slurm":
+        s = cfg.slurm
+        ex = submitit.SlurmExecutor(folder=str(folder))
+        params = {"job_name": name, "nodes": 1, "ntasks_per_node": tasks, "cpus_per_task": s.cpus_per_task,
+                  "time": slurm_minutes(s.time), "additional_parameters": dict(s.extra)}
+        if gpus:
+            params["gpus_per_node"] = gpus
+        for key in ("partition", "mem", "account", "qos"):
+            if getattr(s, key):
+                params[key] = getattr(s, key)
+        ex.update_parameters(**params)
+        return ex
+    if cfg.launcher == "inline":
+        return InlineExecutor()
+    raise ValueError(f"launcher {cfg.launcher!r}: choose local, slurm or inline")
+
+
+class InlineJob:
+    """A worker served from a thread of this process (launcher: inline, for debugging in one process)."""
+
+    def __init__(self, fn, *args):
+        self.job_id = f"inline-{id(self):x}"
+        self.state = "RUNNING"
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True, name=self.job_id)
+        self.thread.start()
+
+    def _run(self, fn, *args):
+        try:
+            fn(*args)
+            self.state = "COMPLETED"
+        except BaseException as exc:  # recorded and surfaced by WorkerPool as the start-up error
+            self.error, self.state = exc, "FAILED"
+            log.exception("inline worker failed")
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def cancel(self) -> None:
+        """Threads cannot be killed; the pool's shutdown call stops the server."""
+
+    def stderr(self) -> str:
+        return repr(self.error) if self.error else ""
+
+
+class InlineExecutor:
+    def submit(self, fn, *args) -> InlineJob:
+        return InlineJob(fn, *args)

@@ -1,0 +1,216 @@
+"""WorkerPool: start every role's workers, wait until healthy, route calls, restart a role, shut all down.
+
+    with WorkerPool(cfg, run_dir, init_path=sft_dir) as pool:
+        groups = pool.generator().call("rollout", problems, prompts, 8, seed)
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.config import RunConfig, config_to_dict
+from infra.launcher.executors import make_executor
+from infra.weightsync import default_store_root
+from workers.client import WorkerClient
+from workers.entry import WorkerSpec, run_worker
+from workers.protocol import SecretKey, WorkerLost, new_authkey, read_rendezvous
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolePlan:
+    """How many workers of a role (replicas) and ranks per worker (procs)."""
+
+    role: str
+    replicas: int = 1
+    procs: int = 1
+
+
+def plan_roles(cfg: RunConfig, with_reference: bool) -> list[RolePlan]:
+    """The roles a GRPO run needs, scaled by config."""
+    plans = [RolePlan("trainer", 1, cfg.trainer.procs),
+             RolePlan("generator", cfg.generator.num_replicas, cfg.generator.procs),
+             RolePlan("reward", cfg.reward.num_replicas, 1)]
+    if with_reference:
+        plans.append(RolePlan("reference", 1, cfg.ref_model.procs))
+    return plans
+
+
+@dataclass
+class Member:
+    """One started worker: its spec, submitit job and client."""
+
+    spec: WorkerSpec
+    job: object
+    client: WorkerClient | None = None
+    started_s: float = 0.0
+
+
+@dataclass
+class WorkerPool:
+    cfg: RunConfig
+    run_dir: Path
+    init_path: str | None = None
+    with_reference: bool = False
+    members: dict[str, list[Member]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.run_dir = Path(self.run_dir)
+        self.workers_dir = self.run_dir / "workers"
+        self.workers_dir.mkdir(parents=True, exist_ok=True)
+        self.key_path = self.workers_dir / "authkey"
+        self._authkey = SecretKey(new_authkey())
+        fd = os.open(self.key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(self._authkey)
+        self.heartbeat_path = self.workers_dir / "controller.heartbeat"
+        self.store_root = self.cfg.weightsync.root or str(default_store_root(self.run_dir.name))
+        self._stop = threading.Event()
+        self._rr: dict[str, itertools.cycle] = {}
+        self.startup_s: dict[str, float] = {}
+
+    # ---- lifecycle ----
+
+    def __enter__(self) -> WorkerPool:
+        try:
+            self.start()
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()  # runs on errors and Ctrl-C too
+
+    def start(self) -> None:
+        """Submit every role's jobs, then wait until each answers `health`."""
+        self._touch_heartbeat()
+        threading.Thread(target=self._heartbeat_loop, daemon=True, name="pool-heartbeat").start()
+        for plan in plan_roles(self.cfg, self.with_reference):
+            self.members[plan.role] = [self._submit(plan, i) for i in range(plan.replicas)]
+        for role in self.members:
+            self._wait_role(role)
+
+    def restart(self, role: str) -> None:
+        """Stop and relaunch every worker of `role` (e.g. after WorkerLost)."""
+        if role not in self.members:
+            raise ValueError(f"no role {role!r} in this pool (have {', '.join(self.members)})")
+        plan = next(p for p in plan_roles(self.cfg, self.with_reference) if p.role == role)
+        for m in self.members[role]:
+            self._stop_member(m)
+        self.members[role] = [self._submit(plan, i) for i in range(plan.replicas)]
+        self._rr.pop(role, None)
+        self._wait_role(role)
+
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Ask every worker to stop, cancel jobs that do not, stop the heartbeat."""
+        for members in self.members.values():
+            for m in members:
+                self._stop_member(m, grace_s)
+        self.members.clear()
+        self._stop.set()
+
+    # ---- routing ----
+
+    def clients(self, role: str) -> list[WorkerClient]:
+        return [m.client for m in self.members.get(role, []) if m.client is not None]
+
+    def client(self, role: str) -> WorkerClient:
+        """The next worker of `role`, round-robin over its replicas."""
+        if role not in self._rr:
+            if not self.clients(role):
+                raise ValueError(f"role {role!r} has no running workers in this pool")
+            self._rr[role] = itertools.cycle(self.clients(role))
+        return next(self._rr[role])
+
+    def call(self, role: str, method: str, *args, **kwargs):
+        return self.client(role).call(method, *args, **kwargs)
+
+    def call_all(self, role: str, method: str, *args, **kwargs) -> list:
+        """`method` on every replica of `role` (e.g. load_weights on all generators)."""
+        return [c.call(method, *args, **kwargs) for c in self.clients(role)]
+
+    def health(self) -> dict[str, list[dict]]:
+        return {role: [c.call("health", timeout=30) for c in self.clients(role)] for role in self.members}
+
+    # ---- internals ----
+
+    def _submit(self, plan: RolePlan, index: int) -> Member:
+        name = f"{plan.role}-{index}"
+        rendezvous = self.workers_dir / f"{name}.rendezvous.json"
+        rendezvous.unlink(missing_ok=True)
+        inline = self.cfg.launcher == "inline"
+        spec = WorkerSpec(
+            role=plan.role, name=name, cfg=config_to_dict(self.cfg), rendezvous=str(rendezvous),
+            key_path=str(self.key_path), store_root=self.store_root, store_backend=self.cfg.weightsync.backend,
+            init_path=self.init_path, threads=self.cfg.workers.threads, controller_pid=os.getpid(),
+            controller_host=socket.gethostname(), heartbeat=None if inline else str(self.heartbeat_path),
+            heartbeat_stale_s=self.cfg.workers.heartbeat_stale_s,
+            bind_host="0.0.0.0" if self.cfg.launcher == "slurm" else "127.0.0.1",
+            env={"OMP_NUM_THREADS": str(self.cfg.workers.threads)})
+        executor = make_executor(self.cfg, self.workers_dir / "jobs", tasks=plan.procs, name=f"ff-{name}")
+        job = executor.submit(run_worker, spec)
+        log.info("submitted %s as job %s (%s launcher, %d proc)", name, job.job_id, self.cfg.launcher, plan.procs)
+        return Member(spec, job, started_s=time.monotonic())
+
+    def _wait_role(self, role: str) -> None:
+        for m in self.members[role]:
+            self._wait_member(m)
+            self.startup_s[m.spec.name] = time.monotonic() - m.started_s
+
+    def _wait_member(self, m: Member) -> None:
+        deadline = m.started_s + self.cfg.workers.start_timeout_s
+        path = Path(m.spec.rendezvous)
+        while True:
+            rv = read_rendezvous(path)
+            if rv is not None:
+                m.client = WorkerClient(m.spec.name, rv, self._authkey, m.job, self.cfg.workers.call_timeout_s)
+                m.client.call("health", timeout=60)
+                log.info("%s healthy: pid %d on %s:%d", m.spec.name, rv.pid, rv.host, rv.port)
+                return
+            if m.job.done():
+                raise RuntimeError(f"{m.spec.name} worker (job {m.job.job_id}) exited during start-up.\n"
+                                   f"--- stderr tail ---\n{stderr_tail(m.job)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{m.spec.name} worker (job {m.job.job_id}) not ready after "
+                                   f"{self.cfg.workers.start_timeout_s:.0f}s (raise workers.start_timeout_s; for "
+                                   f"SLURM check `squeue`).\n--- stderr tail ---\n{stderr_tail(m.job)}")
+            time.sleep(0.1)
+
+    def _stop_member(self, m: Member, grace_s: float = 10.0) -> None:
+        if m.client is not None:
+            try:
+                m.client.call("shutdown", timeout=grace_s)
+            except WorkerLost:
+                pass  # already gone: nothing to stop
+            m.client.close()
+        deadline = time.monotonic() + grace_s
+        while not m.job.done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not m.job.done():
+            log.warning("%s did not stop within %.0fs: cancelling job %s", m.spec.name, grace_s, m.job.job_id)
+            m.job.cancel()
+
+    def _touch_heartbeat(self) -> None:
+        self.heartbeat_path.touch()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(2.0):
+            self._touch_heartbeat()
+
+
+def stderr_tail(job, lines: int = 30) -> str:
+    """Last lines of a submitit job's stderr (or the inline job's error)."""
+    try:
+        text = job.stderr() or ""
+    except Exception as exc:  # the log may not exist yet; say so rather than hide the start-up error
+        return f"(stderr unavailable: {exc})"
+    return "\n".join(text.splitlines()[-lines:])

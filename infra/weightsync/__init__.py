@@ -1,0 +1,36 @@
+"""Weight store: the trainer publishes policy version v, generators fetch it (`fs` default, `torchstore` optional)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from infra.weightsync.fs import FSWeightStore
+
+BACKENDS = ("fs", "torchstore")
+
+
+def default_store_root(run_id: str) -> Path:
+    """/dev/shm/forgeflow-<run_id> when /dev/shm exists (one node), else FORGEFLOW_HOME/weights/<run_id>."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"forgeflow-{run_id}"
+    from infra.paths import forgeflow_home
+
+    return forgeflow_home() / "weights" / run_id
+
+
+def open_weight_store(backend: str = "fs", root: str | Path | None = None, keep: int = 2):
+    """The weight store for `backend`; `root` is required for fs."""
+    if backend == "fs":
+        if root is None:
+            raise ValueError("weightsync.backend=fs needs a root directory (weightsync.root)")
+        return FSWeightStore(root, keep=keep)
+    if backend == "torchstore":
+        from infra.weightsync.torchstore_backend import TorchStoreWeightStore
+
+        return TorchStoreWeightStore(keep=keep)
+    raise ValueError(f"unknown weightsync.backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "FSWeightStore", "default_store_root", "open_weight_store"]

@@ -1,0 +1,111 @@
+"""File-system weight store: one safetensors file per policy version, written atomically.
+
+On one node the default root is /dev/shm (RAM-backed, so publish/fetch is a memory copy plus a syscall);
+across nodes point it at a shared filesystem. Readers never see a partial file: the writer writes `v.tmp`
+and renames it, and the `LATEST` pointer is replaced the same way after the file exists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+log = logging.getLogger(__name__)
+
+_VERSION_FILE = re.compile(r"^v(\d{8})\.safetensors$")
+
+
+class FSWeightStore:
+    """Versioned `publish(version, state_dict)` / `fetch(version)` under `root`, keeping the newest `keep`."""
+
+    def __init__(self, root: str | Path, keep: int = 2):
+        if keep < 1:
+            raise ValueError(f"weight store keep={keep}: keep at least 1 version (set weightsync.keep >= 1)")
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.keep = keep
+
+    def path_for(self, version: int) -> Path:
+        return self.root / f"v{version:08d}.safetensors"
+
+    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Path:
+        """Write `state_dict` as `version` atomically, move LATEST to it, drop versions older than `keep`."""
+        if version < 0:
+            raise ValueError(f"policy version must be >= 0, got {version}")
+        tensors, aliases = split_aliases({k: _contiguous_cpu(v) for k, v in state_dict.items()})
+        final = self.path_for(version)
+        tmp = final.with_suffix(f".tmp{os.getpid()}")
+        save_file(tensors, str(tmp), metadata={"policy_version": str(version), "aliases": json.dumps(aliases)})
+        os.replace(tmp, final)
+        _write_atomic(self.root / "LATEST", str(version))
+        self.collect_garbage()
+        return final
+
+    def fetch(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+        """(version, state_dict) of `version` (None = the latest); raises KeyError naming what exists."""
+        if version is None:
+            version = self.latest()
+            if version is None:
+                raise KeyError(f"weight store {self.root} is empty: nothing was published yet")
+        path = self.path_for(version)
+        if not path.exists():
+            raise KeyError(f"weight version {version} is not in {self.root} (have {self.versions()}); "
+                           f"it was garbage-collected or never published")
+        with safe_open(str(path), framework="pt") as f:
+            aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+        tensors = load_file(str(path))
+        for name, target in aliases.items():  # tied weights (e.g. lm_head = embed_tokens) are stored once
+            tensors[name] = tensors[target]
+        return version, tensors
+
+    def latest(self) -> int | None:
+        pointer = self.root / "LATEST"
+        return int(pointer.read_text()) if pointer.exists() else None
+
+    def versions(self) -> list[int]:
+        found = (_VERSION_FILE.match(p.name) for p in self.root.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def collect_garbage(self) -> list[int]:
+        """Delete all but the newest `keep` versions; returns the deleted versions."""
+        old = self.versions()[: -self.keep]
+        for v in old:
+            self.path_for(v).unlink(missing_ok=True)
+        return old
+
+    def close(self) -> None:
+        """Nothing to release for files; present for the store interface."""
+
+
+def split_aliases(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Keep one name per shared storage (safetensors refuses duplicates); return (unique tensors, alias → kept)."""
+    seen: dict[tuple, str] = {}
+    unique, aliases = {}, {}
+    for name, t in tensors.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+        if key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            unique[name] = t
+    return unique, aliases
+
+
+def _contiguous_cpu(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.contiguous()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,47 @@
+"""What every worker shares: its role, the run config it was built from, health, and shutdown."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import torch
+
+from infra import components as C
+from infra.config import RunConfig
+
+
+class Worker:
+    """Base of GeneratorWorker, TrainerWorker, ReferenceWorker, RewardWorker: builds once, then serves calls."""
+
+    role = "worker"
+
+    def __init__(self, cfg: RunConfig, threads: int | None = None):
+        self.cfg = cfg
+        # several workers share the cores: each sets its own thread count deliberately
+        torch.set_num_threads(max(1, threads or cfg.threads or 1))
+        torch.manual_seed(cfg.seed)
+        self.policy_version = 0
+        self.step = 0
+        self.started = time.time()
+        self.calls = 0
+
+    def health(self) -> dict:
+        """pid, host, role, policy version, step, uptime and threads of this worker."""
+        return {"pid": os.getpid(), "host": socket.gethostname(), "role": self.role,
+                "policy_version": self.policy_version, "step": self.step, "calls": self.calls,
+                "uptime_s": time.time() - self.started, "threads": torch.get_num_threads()}
+
+    def shutdown(self) -> bool:
+        """Acknowledge; the server stops after replying."""
+        return True
+
+
+def model_source(cfg: RunConfig, init_path: str | None = None) -> str:
+    """The checkpoint a worker loads: an explicit init path, else sft.init, else model.path."""
+    return init_path or cfg.sft.init or cfg.model.path
+
+
+def dtype_of(cfg: RunConfig) -> torch.dtype:
+    return C.DTYPES[cfg.model.dtype]

@@ -1,0 +1,90 @@
+"""The controller's side of a worker: `call(method, *args, timeout=…)` with dead-worker detection.
+
+A call waits for the reply in short polls; between polls it checks that the worker is still alive (its pid on this
+host, its submitit job anywhere). A dropped connection, a dead job or no reply within the timeout raises WorkerLost.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from multiprocessing.connection import Client, Connection
+
+from workers.protocol import Rendezvous, WorkerCallError, WorkerLost, pid_alive
+
+log = logging.getLogger(__name__)
+
+
+class WorkerClient:
+    """A connection to one worker; not thread-safe (one call at a time per client)."""
+
+    def __init__(self, name: str, rendezvous: Rendezvous, authkey: bytes, job=None, call_timeout_s: float = 900.0,
+                 poll_s: float = 0.2):
+        self.name, self.rendezvous, self._authkey, self.job = name, rendezvous, authkey, job
+        self.call_timeout_s, self.poll_s = call_timeout_s, poll_s
+        self.conn: Connection | None = None
+        self.last_health: dict = {}
+
+    @property
+    def role(self) -> str:
+        return self.rendezvous.role
+
+    @property
+    def job_id(self) -> str:
+        return str(getattr(self.job, "job_id", "inline"))
+
+    def connect(self) -> None:
+        try:
+            self.conn = Client(self.rendezvous.address, authkey=self._authkey)
+        except (ConnectionError, OSError, EOFError) as exc:
+            raise self._lost(f"cannot connect to {self.rendezvous.host}:{self.rendezvous.port} ({exc})") from exc
+
+    def call(self, method: str, *args, timeout: float | None = None, **kwargs):
+        """Run `method` on the worker and return its result; raises WorkerLost or WorkerCallError."""
+        if self.conn is None:
+            self.connect()
+        timeout = self.call_timeout_s if timeout is None else timeout
+        try:
+            self.conn.send((method, args, kwargs))
+            deadline = time.monotonic() + timeout
+            while not self.conn.poll(self.poll_s):
+                reason = self.death_reason()
+                if reason:
+                    raise self._lost(reason)
+                if time.monotonic() > deadline:
+                    raise self._lost(f"no reply to {method} within {timeout:.0f}s")
+            reply = self.conn.recv()
+        except (EOFError, ConnectionError, OSError) as exc:
+            raise self._lost(f"connection dropped during {method} ({type(exc).__name__}: "
+                             f"{self.death_reason() or exc})") from exc
+        if reply[0] == "ok":
+            if method == "health":
+                self.last_health = reply[1]
+            return reply[1]
+        _, type_name, message, tb = reply
+        raise WorkerCallError(self.name, method, type_name, message, tb)
+
+    def death_reason(self) -> str | None:
+        """Why the worker is dead, or None while it looks alive. A finished job is dead whatever its state
+        string says: submitit reports a SIGKILLed local job as FINISHED."""
+        rv = self.rendezvous
+        if rv.host in ("127.0.0.1", "localhost", socket.gethostname()) and not pid_alive(rv.pid):
+            return f"process {rv.pid} is gone"
+        job = self.job
+        if job is not None and hasattr(job, "done") and job.done():
+            return f"job {self.job_id} ended (state {getattr(job, 'state', '?')})"
+        return None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            finally:
+                self.conn = None
+
+    def _lost(self, reason: str) -> WorkerLost:
+        self.close()  # a half-read reply would desynchronise the channel: start fresh next time
+        log.error("%s lost: %s", self.name, reason)
+        return WorkerLost(self.name, self.job_id, reason, self.last_health)
+

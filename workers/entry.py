@@ -1,0 +1,106 @@
+"""The function a submitit job runs: build one role's worker and serve it until shutdown.
+
+Everything a worker needs arrives in a `WorkerSpec` except the authkey, which it reads from a 0600 file in the run
+directory, so the secret is never pickled into submitit's job folder, put in a config, or logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# before torch: busy-waiting OpenMP threads make processes that share cores many times slower
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from workers.protocol import SecretKey  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+ROLE_CLASSES = {
+    "generator": "workers.generator:GeneratorWorker",
+    "trainer": "workers.trainer:TrainerWorker",
+    "reference": "workers.reference:ReferenceWorker",
+    "reward": "workers.reward:RewardWorker",
+}
+
+
+@dataclass
+class WorkerSpec:
+    """One worker's launch description (picklable; holds no secret)."""
+
+    role: str
+    name: str  # unique per replica, e.g. generator-0
+    cfg: dict
+    rendezvous: str
+    key_path: str
+    store_root: str | None = None
+    store_backend: str = "fs"
+    init_path: str | None = None
+    threads: int = 1
+    controller_pid: int | None = None
+    controller_host: str | None = None
+    heartbeat: str | None = None
+    heartbeat_stale_s: float = 60.0
+    bind_host: str = "127.0.0.1"
+    env: dict = field(default_factory=dict)
+
+
+def read_authkey(path: str | Path) -> SecretKey:
+    return SecretKey(Path(path).read_bytes())
+
+
+def build_worker(spec: WorkerSpec):
+    """Instantiate the role's worker class from the spec."""
+    import importlib
+
+    from infra.config import config_from_dict
+    from infra.weightsync import open_weight_store
+
+    if spec.role not in ROLE_CLASSES:
+        raise ValueError(f"unknown worker role {spec.role!r}: choose one of {', '.join(ROLE_CLASSES)}")
+    module, cls = ROLE_CLASSES[spec.role].split(":")
+    worker_cls = getattr(importlib.import_module(module), cls)
+    store = open_weight_store(spec.store_backend, spec.store_root) if spec.store_root else None
+    return worker_cls(config_from_dict(spec.cfg), store=store, init_path=spec.init_path, threads=spec.threads)
+
+
+def run_worker(spec: WorkerSpec) -> int:
+    """Entry point of a worker job (every task of the job calls it; rank 0 serves, others follow)."""
+    os.environ.update(spec.env)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s [{spec.name}] %(name)s: %(message)s")
+    rank, world = init_distributed()
+    from workers.server import WorkerServer, watch_controller
+
+    watch_controller(spec.controller_pid, spec.controller_host,
+                     Path(spec.heartbeat) if spec.heartbeat else None, spec.heartbeat_stale_s)
+    worker = build_worker(spec)
+    log.info("%s built on %s (pid %d, rank %d/%d)", spec.name, socket.gethostname(), os.getpid(), rank, world)
+    if rank > 0:
+        worker.follow()
+        return 0
+    WorkerServer(worker, spec.role, Path(spec.rendezvous), read_authkey(spec.key_path), spec.bind_host).serve_forever()
+    return 0
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world) of this task; initialises torch.distributed when the job has several tasks."""
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        world = env.num_tasks
+    except RuntimeError:  # not inside a submitit job (inline launcher)
+        return 0, 1
+    if world <= 1:
+        return 0, 1
+    import torch
+    import torch.distributed as dist
+    from submitit.helpers import TorchDistributedEnvironment
+
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()

@@ -1,0 +1,55 @@
+"""GeneratorWorker: holds a policy copy and a TorchGenerator; rollouts, held-out eval, weight loads."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from forge_core.data.problems import Problem
+from forge_core.generation import TorchGenerator
+from forge_core.models import load_model_and_tokenizer
+from forge_core.recipes import steps
+from forge_core.types import Group
+from infra import components as C
+from infra.config import RunConfig
+from workers.base import Worker, dtype_of, model_source
+
+log = logging.getLogger(__name__)
+
+
+class GeneratorWorker(Worker):
+    role = "generator"
+
+    def __init__(self, cfg: RunConfig, store=None, init_path: str | None = None, threads: int | None = None):
+        super().__init__(cfg, threads)
+        if cfg.generator.backend != "torch":
+            raise ValueError(f"generator.backend={cfg.generator.backend!r} is not available in this worker; "
+                             "use generator.backend: torch")
+        model, tok = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed, dtype=dtype_of(cfg))
+        self.generator = TorchGenerator(model.eval(), tok, C.sampling_params(cfg))
+        self.store = store
+
+    def rollout(self, problems: Sequence[Problem], prompts: Sequence[str], group_size: int, seed: int) -> list[Group]:
+        """`group_size` samples for each prompt with the current weights (completions stamped with the version)."""
+        self.calls += 1
+        return steps.rollout(self.generator, problems, prompts, group_size, seed, C.sampling_params(self.cfg))
+
+    def generate(self, prompts: list[str], n: int = 1, seed: int | None = None, params=None) -> list[list]:
+        """Raw TorchGenerator.generate: n Completions per prompt."""
+        self.calls += 1
+        return self.generator.generate(prompts, n=n, seed=seed, params=params)
+
+    def evaluate(self, problems: Sequence[Problem], prompts: Sequence[str], samples: int = 0) -> dict[str, float]:
+        """Held-out greedy (and sampled) accuracy of the current weights."""
+        g = self.cfg.generator
+        return steps.evaluate(self.generator, problems, prompts, g.max_new_tokens, samples=samples,
+                              temperature=g.temperature, seed=self.cfg.seed)
+
+    def load_weights(self, version: int | None = None) -> int:
+        """Fetch `version` (None = latest) from the weight store and sample from it; returns the version."""
+        if self.store is None:
+            raise ValueError("generator worker has no weight store: start it through WorkerPool")
+        version, state = self.store.fetch(version)
+        self.generator.load_state_dict(state, version)
+        self.policy_version = version
+        return version

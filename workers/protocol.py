@@ -1,0 +1,92 @@
+"""What travels between a controller and a worker, and the errors a caller sees.
+
+A request is `(method, args, kwargs)`; a reply is `("ok", value)` or `("error", type_name, message, traceback)`.
+Both are pickled by `multiprocessing.connection`, which also does the HMAC challenge with the run's authkey.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CALLS = ("generate", "train_step", "ref_logprobs", "score", "load_weights", "publish_weights", "save_checkpoint",
+         "load_checkpoint", "evaluate", "rollout", "health", "shutdown")
+
+
+class WorkerLost(RuntimeError):
+    """The worker's connection dropped, its job died, or it did not answer within the call's timeout."""
+
+    def __init__(self, role: str, job_id: str, reason: str, last_health: dict | None = None):
+        self.role, self.job_id, self.reason, self.last_health = role, job_id, reason, last_health or {}
+        state = {k: self.last_health.get(k) for k in ("pid", "host", "policy_version", "step") if k in self.last_health}
+        super().__init__(f"{role} worker (job {job_id}) lost: {reason}; last known state {state or 'none'}")
+
+
+class WorkerCallError(RuntimeError):
+    """The worker is alive but the call raised; carries the remote exception type and traceback."""
+
+    def __init__(self, role: str, method: str, type_name: str, message: str, remote_traceback: str):
+        self.type_name, self.remote_traceback = type_name, remote_traceback
+        super().__init__(f"{role}.{method} raised {type_name}: {message}\n--- worker traceback ---\n{remote_traceback}")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where a worker listens; written by the worker, read by the controller. Never holds the authkey."""
+
+    role: str
+    host: str
+    port: int
+    pid: int
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+
+def write_rendezvous(path: Path, rv: Rendezvous) -> None:
+    """Write atomically (tmp + rename) so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(rv)))
+    os.replace(tmp, path)
+
+
+def read_rendezvous(path: Path) -> Rendezvous | None:
+    """The rendezvous at `path`, or None when the worker has not written it yet."""
+    try:
+        return Rendezvous(**json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def new_authkey() -> bytes:
+    """A fresh per-run secret (32 random bytes)."""
+    return secrets.token_bytes(32)
+
+
+class SecretKey(bytes):
+    """Bytes whose repr never shows the value, so the key cannot leak through logs or error messages."""
+
+    def __repr__(self) -> str:
+        return "SecretKey(<redacted>)"
+
+    __str__ = __repr__
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` on this host exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True

@@ -1,0 +1,23 @@
+"""RewardWorker: scores episodes with the configured reward functions (CPU-only; can be replicated)."""
+
+from __future__ import annotations
+
+from forge_core.recipes import steps
+from forge_core.rewards import CombinedReward
+from forge_core.types import Group
+from infra.config import RunConfig
+from workers.base import Worker
+
+
+class RewardWorker(Worker):
+    role = "reward"
+
+    def __init__(self, cfg: RunConfig, store=None, init_path: str | None = None, threads: int | None = None):
+        super().__init__(cfg, threads)
+        self.reward = CombinedReward.from_config(cfg.rewards)
+
+    def score(self, groups: list[Group]) -> tuple[list[list[tuple[float, dict]]], dict[str, float]]:
+        """Per-episode (reward, breakdown) for each group, and the reward/* metrics."""
+        self.calls += 1
+        metrics = steps.score_rewards(groups, self.reward)
+        return [[(e.reward, e.reward_breakdown) for e in g.episodes] for g in groups], metrics

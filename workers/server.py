@@ -1,0 +1,117 @@
+"""Serve a worker object's named calls over an authenticated `multiprocessing.connection` listener.
+
+One thread accepts connections (a wrong key is logged and refused while serving continues); each connection gets a
+thread; calls into the worker are serialised with a lock because the model is not re-entrant. A watchdog thread
+exits the process when the controller disappears, so a killed controller never leaves orphan workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from multiprocessing.connection import AuthenticationError, Connection, Listener
+from pathlib import Path
+
+from workers.protocol import CALLS, Rendezvous, pid_alive, write_rendezvous
+
+log = logging.getLogger(__name__)
+
+
+class WorkerServer:
+    """Listens on `bind_host`, writes the rendezvous file, dispatches calls to `worker` until `shutdown`."""
+
+    def __init__(self, worker, role: str, rendezvous_path: Path, authkey: bytes, bind_host: str = "127.0.0.1"):
+        self.worker, self.role, self.rendezvous_path = worker, role, Path(rendezvous_path)
+        self.listener = Listener((bind_host, 0), authkey=authkey)
+        self.stop = threading.Event()
+        self.call_lock = threading.Lock()
+        self.rejected = 0
+
+    def advertised_host(self) -> str:
+        host = self.listener.address[0]
+        if host in ("0.0.0.0", ""):  # bound on all interfaces (SLURM): advertise a name other nodes resolve
+            return socket.gethostname()
+        return host
+
+    def serve_forever(self) -> None:
+        """Write the rendezvous and serve until a `shutdown` call or stop event."""
+        rv = Rendezvous(self.role, self.advertised_host(), self.listener.address[1], os.getpid())
+        write_rendezvous(self.rendezvous_path, rv)
+        log.info("%s worker pid %d serving on %s:%d", self.role, rv.pid, rv.host, rv.port)
+        threading.Thread(target=self._accept_loop, daemon=True, name="accept").start()
+        self.stop.wait()
+        self.listener.close()
+        log.info("%s worker pid %d stopped", self.role, os.getpid())
+
+    def _accept_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn = self.listener.accept()
+            except AuthenticationError as exc:
+                self.rejected += 1
+                log.warning("%s worker rejected a connection without the run's key (%s); still serving",
+                            self.role, exc)
+                continue
+            except OSError:
+                if self.stop.is_set():
+                    return
+                raise
+            threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
+
+    def _serve_connection(self, conn: Connection) -> None:
+        with conn:
+            while not self.stop.is_set():
+                try:
+                    method, args, kwargs = conn.recv()
+                except (EOFError, OSError):
+                    return
+                conn.send(self._dispatch(method, args, kwargs))
+                if method == "shutdown":
+                    self.stop.set()
+                    return
+
+    def _dispatch(self, method: str, args: tuple, kwargs: dict) -> tuple:
+        if method not in CALLS or not hasattr(self.worker, method):
+            return ("error", "ValueError", f"{self.role} worker has no call {method!r}", "")
+        try:
+            if method == "health":  # answered without the lock: health must work during a long call
+                return ("ok", self.worker.health())
+            with self.call_lock:
+                return ("ok", getattr(self.worker, method)(*args, **kwargs))
+        except Exception as exc:  # sent back to the caller, who re-raises it as WorkerCallError
+            log.exception("%s.%s failed", self.role, method)
+            return ("error", type(exc).__name__, str(exc), traceback.format_exc())
+
+
+def watch_controller(controller_pid: int | None, controller_host: str | None, heartbeat_path: Path | None,
+                     stale_after_s: float = 60.0, on_lost=None, interval_s: float = 1.0) -> threading.Thread:
+    """Exit the process (or call on_lost) when the controller pid is gone or its heartbeat file goes stale.
+
+    The pid check works on the controller's host; the heartbeat file covers workers on other nodes."""
+    on_lost = on_lost or (lambda why: (log.error("controller lost (%s): worker exiting", why), os._exit(3)))
+    same_host = controller_host in (None, socket.gethostname())
+    same_host_pid = controller_pid if controller_pid and same_host else None
+
+    def loop():
+        while True:
+            time.sleep(interval_s)
+            if same_host_pid is not None and not pid_alive(same_host_pid):
+                on_lost(f"controller pid {same_host_pid} exited")
+                return
+            if heartbeat_path is not None:
+                try:
+                    age = time.time() - heartbeat_path.stat().st_mtime
+                except FileNotFoundError:
+                    age = float("inf")
+                if age > stale_after_s:
+                    on_lost(f"heartbeat {heartbeat_path} is {age:.0f}s old")
+                    return
+
+    thread = threading.Thread(target=loop, daemon=True, name="controller-watch")
+    thread.start()
+    return thread
+

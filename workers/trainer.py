@@ -1,0 +1,130 @@
+"""TrainerWorker: the policy being optimised. Advantages → optional dynamic filter → micro-batches → optimizer
+step → publish the new weights to the weight store.
+
+With `trainer.procs: N` the worker is N ranks of one job (FSDP2 over gloo on CPU, NCCL on GPU). Rank 0 serves the
+controller's calls and broadcasts each one to the other ranks, which run the same method on their slice of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from forge_core.losses import get_loss  # noqa: F401  (custom losses resolve through get_loss)
+from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
+from forge_core.recipes import steps
+from forge_core.training import Trainer
+from forge_core.types import Group
+from infra import components as C
+from infra.config import RunConfig
+from workers.base import Worker, dtype_of, model_source
+from workers.sharding import full_state_dict, shard_model
+
+log = logging.getLogger(__name__)
+
+
+class TrainerWorker(Worker):
+    role = "trainer"
+
+    def __init__(self, cfg: RunConfig, store=None, init_path: str | None = None, threads: int | None = None):
+        super().__init__(cfg, threads)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        model, self.tokenizer = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed,
+                                                         dtype=dtype_of(cfg))
+        if self.world > 1:
+            shard_model(model)
+        self.trainer = Trainer(model, C.build_loss(cfg), C.trainer_settings(cfg), self.tokenizer.pad_token_id)
+        self.store = store
+        self.last_metrics: dict[str, float] = {}
+
+    # ---- calls (rank 0 receives them and fans them out) ----
+
+    def train_step(self, groups: list[Group], step: int | None = None) -> dict[str, float]:
+        """Advantages + one optimizer step on `groups`; publishes version step+1. Returns loss/* metrics."""
+        self._fan_out("train_step", groups, step)
+        self.calls += 1
+        adv = dict(self.cfg.advantage)
+        episodes, metrics = steps.compute_advantages(groups, adv.pop("name"), self.cfg.filter_groups, **adv)
+        mine = episodes[self.rank::self.world] if self.world > 1 else episodes
+        metrics.update(self._train(mine, total_episodes=len(episodes)))
+        self.step = self.step + 1 if step is None else step + 1
+        metrics["policy_version"] = float(self._publish(self.step))
+        self.last_metrics = metrics
+        return metrics
+
+    def publish_weights(self, version: int) -> int:
+        """Put the current weights into the weight store as `version`; returns it."""
+        self._fan_out("publish_weights", version)
+        return self._publish(version)
+
+    def _publish(self, version: int) -> int:
+        # collective when sharded: every rank gathers, rank 0 writes
+        state = full_state_dict(self.trainer.model) if self.world > 1 else self.trainer.model.state_dict()
+        if self.rank == 0 and self.store is not None:
+            self.store.publish(version, state)
+        self.policy_version = version
+        return version
+
+    def save_checkpoint(self, path: str) -> str:
+        """Trainer state (model, optimizer, scheduler, RNG, step) to path/trainer.pt and HF weights to path/hf."""
+        self._fan_out("save_checkpoint", path)
+        out = Path(path)
+        state = full_state_dict(self.trainer.model) if self.world > 1 else None
+        if self.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            if self.world == 1:
+                self.trainer.save(out / "trainer.pt")
+                save_model_and_tokenizer(self.trainer.model, self.tokenizer, out / "hf")
+            else:
+                torch.save({"model": state, "step": self.trainer.step}, out / "trainer.pt")
+        return str(out)
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restore what save_checkpoint wrote; returns the restored step."""
+        self._fan_out("load_checkpoint", path)
+        if self.world > 1:
+            raise ValueError("load_checkpoint with trainer.procs > 1 is not supported yet; resume with procs: 1")
+        self.trainer.load(Path(path) / "trainer.pt")
+        self.step = self.policy_version = self.trainer.step
+        return self.step
+
+    def shutdown(self) -> bool:
+        self._fan_out("shutdown")
+        return True
+
+    # ---- internals ----
+
+    def _train(self, episodes, total_episodes: int) -> dict[str, float]:
+        if total_episodes == 0:
+            return {"loss/skipped": 1.0}
+        if self.world == 1:
+            return steps.train_on_episodes(self.trainer, episodes, self.tokenizer.pad_token_id)
+        from forge_core.training import episodes_to_train_inputs
+
+        inputs, targets = episodes_to_train_inputs(episodes, self.tokenizer.pad_token_id)
+        # global normalisers: every rank divides by the whole batch's token/sequence count, gradients are summed
+        counts = torch.tensor([targets["padding_mask"].sum().item(), float(len(episodes))], dtype=torch.float64)
+        dist.all_reduce(counts)
+        self.trainer.train_step(inputs, targets, num_tokens=int(counts[0]), num_seqs=int(counts[1]))
+        loss = torch.tensor([self.trainer.metrics["loss"]], dtype=torch.float64)
+        dist.all_reduce(loss)
+        return {**{f"loss/{k}": v for k, v in self.trainer.metrics.items()}, "loss/loss": float(loss)}
+
+    def _fan_out(self, method: str, *args) -> None:
+        """On rank 0 of a multi-rank trainer: send the call to the other ranks before running it here."""
+        if self.world > 1 and self.rank == 0:
+            dist.broadcast_object_list([(method, args)], src=0)
+
+    def follow(self) -> None:
+        """Ranks > 0: run every call rank 0 broadcasts until shutdown."""
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=0)
+            method, args = box[0]
+            getattr(self, method)(*args)
+            if method == "shutdown":
+                return
