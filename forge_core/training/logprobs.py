@@ -35,7 +35,8 @@ def response_logits(model, tokens: torch.Tensor, attention_mask: torch.Tensor, p
     """
     prev = (positions - 1).clamp(min=0)
     decoder, head = getattr(model, "get_decoder", lambda: None)(), model.get_output_embeddings()
-    if decoder is None or head is None:
+    # an FSDP2-sharded root only gathers its own (embedding/head) parameters inside its forward: call it whole
+    if decoder is None or head is None or hasattr(model, "reshard"):
         logits = model(input_ids=tokens, attention_mask=attention_mask).logits
         return logits.gather(1, prev[..., None].expand(-1, -1, logits.shape[-1]))
     hidden = decoder(input_ids=tokens, attention_mask=attention_mask).last_hidden_state

@@ -60,6 +60,7 @@ class WorkerPool:
     run_dir: Path
     init_path: str | None = None
     with_reference: bool = False
+    roles: tuple[str, ...] | None = None  # start only these roles (default: all the run needs)
     members: dict[str, list[Member]] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -95,6 +96,8 @@ class WorkerPool:
         self._touch_heartbeat()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="pool-heartbeat").start()
         for plan in plan_roles(self.cfg, self.with_reference):
+            if self.roles is not None and plan.role not in self.roles:
+                continue
             self.members[plan.role] = [self._submit(plan, i) for i in range(plan.replicas)]
         for role in self.members:
             self._wait_role(role)
