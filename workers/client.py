@@ -16,6 +16,12 @@ from workers.protocol import Rendezvous, WorkerCallError, WorkerLost, pid_alive
 log = logging.getLogger(__name__)
 
 
+def _accepts_force(job) -> bool:
+    import inspect
+
+    return "force_check" in inspect.signature(job.done).parameters
+
+
 class WorkerClient:
     """A connection to one worker; not thread-safe (one call at a time per client)."""
 
@@ -25,6 +31,8 @@ class WorkerClient:
         self.call_timeout_s, self.poll_s = call_timeout_s, poll_s
         self.conn: Connection | None = None
         self.last_health: dict = {}
+        self.job_check_s = 5.0
+        self._last_forced_check = time.monotonic()
 
     @property
     def role(self) -> str:
@@ -72,7 +80,13 @@ class WorkerClient:
         if rv.host in ("127.0.0.1", "localhost", socket.gethostname()) and not pid_alive(rv.pid):
             return f"process {rv.pid} is gone"
         job = self.job
-        if job is not None and hasattr(job, "done") and job.done():
+        if job is None or not hasattr(job, "done"):
+            return None
+        # submitit's cluster watcher backs off to minutes between polls: force a fresh look every few seconds
+        force = time.monotonic() - self._last_forced_check > self.job_check_s
+        if force:
+            self._last_forced_check = time.monotonic()
+        if job.done(force_check=force) if _accepts_force(job) else job.done():
             return f"job {self.job_id} ended (state {getattr(job, 'state', '?')})"
         return None
 

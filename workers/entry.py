@@ -72,6 +72,7 @@ def run_worker(spec: WorkerSpec) -> int:
     """Entry point of a worker job (every task of the job calls it; rank 0 serves, others follow)."""
     os.environ.update(spec.env)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s [{spec.name}] %(name)s: %(message)s")
+    exit_on_sigterm(spec.name)
     rank, world = init_distributed()
     from workers.server import WorkerServer, watch_controller
 
@@ -84,6 +85,22 @@ def run_worker(spec: WorkerSpec) -> int:
         return 0
     WorkerServer(worker, spec.role, Path(spec.rendezvous), read_authkey(spec.key_path), spec.bind_host).serve_forever()
     return 0
+
+
+def exit_on_sigterm(name: str) -> None:
+    """scancel / preemption sends SIGTERM: stop now (submitit's own handler would ignore it until SIGKILL)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # inline launcher: a thread cannot own signals
+
+    def stop(signum, _frame):
+        log.warning("%s received signal %d: exiting", name, signum)
+        logging.shutdown()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def init_distributed() -> tuple[int, int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from infra.config import RunConfig, config_to_dict
 from infra.launcher.executors import make_executor
-from infra.weightsync import default_store_root
+from infra.weightsync import FSWeightStore, default_store_root
 from workers.client import WorkerClient
 from workers.entry import WorkerSpec, run_worker
 from workers.protocol import SecretKey, WorkerLost, new_authkey, read_rendezvous
@@ -94,6 +94,8 @@ class WorkerPool:
     def start(self) -> None:
         """Submit every role's jobs, then wait until each answers `health`."""
         self._touch_heartbeat()
+        if self.cfg.weightsync.backend == "fs":  # versions left by an earlier pool of this run are stale
+            FSWeightStore(self.store_root).clear()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="pool-heartbeat").start()
         for plan in plan_roles(self.cfg, self.with_reference):
             if self.roles is not None and plan.role not in self.roles:
@@ -189,7 +191,7 @@ class WorkerPool:
             time.sleep(0.1)
 
     def _stop_member(self, m: Member, grace_s: float = 10.0) -> None:
-        if m.client is not None:
+        if m.client is not None and m.client.death_reason() is None:
             try:
                 m.client.call("shutdown", timeout=grace_s)
             except WorkerLost:

@@ -45,7 +45,7 @@ class FSWeightStore:
         save_file(tensors, str(tmp), metadata={"policy_version": str(version), "aliases": json.dumps(aliases)})
         os.replace(tmp, final)
         _write_atomic(self.root / "LATEST", str(version))
-        self.collect_garbage()
+        self.collect_garbage(current=version)
         return final
 
     def fetch(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
@@ -73,12 +73,25 @@ class FSWeightStore:
         found = (_VERSION_FILE.match(p.name) for p in self.root.iterdir())
         return sorted(int(m.group(1)) for m in found if m)
 
-    def collect_garbage(self) -> list[int]:
-        """Delete all but the newest `keep` versions; returns the deleted versions."""
-        old = self.versions()[: -self.keep]
+    def collect_garbage(self, current: int | None = None) -> list[int]:
+        """Keep the newest `keep` versions up to `current`; versions above it belong to an abandoned timeline
+        (a run resumed from an earlier checkpoint) and go too. Returns the deleted versions."""
+        versions = self.versions()
+        if current is not None:
+            newer = [v for v in versions if v > current]
+            versions = [v for v in versions if v <= current]
+        else:
+            newer = []
+        old = versions[: -self.keep] + newer
         for v in old:
             self.path_for(v).unlink(missing_ok=True)
         return old
+
+    def clear(self) -> None:
+        """Delete every version (a new pool starts from what its trainer publishes)."""
+        for v in self.versions():
+            self.path_for(v).unlink(missing_ok=True)
+        (self.root / "LATEST").unlink(missing_ok=True)
 
     def close(self) -> None:
         """Nothing to release for files; present for the store interface."""

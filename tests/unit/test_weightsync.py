@@ -54,3 +54,12 @@ def test_split_aliases_only_merges_true_views():
     tensors, aliases = split_aliases({"a": a, "b": a, "c": torch.zeros(4), "d": a[:2]})
     assert aliases == {"b": "a"}
     assert set(tensors) == {"a", "c", "d"}
+
+
+def test_publishing_after_a_rollback_drops_the_abandoned_versions(tmp_path):
+    store = FSWeightStore(tmp_path, keep=2)
+    for v in (4, 5, 6):
+        store.publish(v, state(v))
+    store.publish(1, state(1))  # resumed from an earlier checkpoint
+    assert store.versions() == [1] and store.latest() == 1
+    assert torch.equal(store.fetch()[1]["layer.bias"], state(1)["layer.bias"])

@@ -1,0 +1,46 @@
+"""The worker pool on a real single-node Slurm cluster (started by infra/slurm/setup_cluster.sh)."""
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.launcher import WorkerPool
+from tests.integration.pool_helpers import tiny_config, tiny_splits
+from workers.protocol import WorkerLost
+from workers.remote import run_remote_iteration
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+SETUP = Path(__file__).resolve().parents[2] / "infra" / "slurm" / "setup_cluster.sh"
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    out = subprocess.run([str(SETUP)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.fail(f"{SETUP} could not start Slurm (run `make test` as root):\n{out.stdout}\n{out.stderr}")
+    return out.stdout
+
+
+def test_slurm_pool_runs_two_iterations_and_sees_scancel(slurm_cluster, tmp_path):
+    cfg = tiny_config("slurm", **{"slurm.cpus_per_task": 1, "slurm.time": "00:30:00"})
+    splits = tiny_splits(cfg)
+    with WorkerPool(cfg, tmp_path / "slurm-run") as pool:
+        jobs = {role: [m.job.job_id for m in members] for role, members in pool.members.items()}
+        queue = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout
+        for ids in jobs.values():
+            assert all(f"{i} RUNNING" in queue for i in ids), queue
+        for step in range(2):
+            m = run_remote_iteration(pool, splits.train[:4], splits.train_prompts[:4], 4, seed=0, step=step)
+            assert m["policy_version"] == step + 1 and m["rollout/policy_version"] == step
+        subprocess.run(["scancel", jobs["trainer"][0]], check=True)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerLost, match="trainer-0") as info:
+            while time.monotonic() - t0 < 60:
+                pool.call("trainer", "health")
+                time.sleep(0.1)
+        assert time.monotonic() - t0 < 15
+        assert info.value.job_id == str(jobs["trainer"][0])
+        pool.restart("trainer")
+        assert pool.call("trainer", "health")["policy_version"] == 0
