@@ -36,6 +36,13 @@ class RolePlan:
 
 def plan_roles(cfg: RunConfig, with_reference: bool) -> list[RolePlan]:
     """The roles a GRPO run needs, scaled by config."""
+    if cfg.generator.procs > 1 and cfg.generator.backend == "torch":
+        raise ValueError(f"generator.procs={cfg.generator.procs}: the torch generator runs one process per replica; "
+                         "scale it with generator.num_replicas (procs > 1 is tensor parallelism, generator.backend: "
+                         "vllm)")
+    if cfg.ref_model.procs > 1:
+        raise ValueError(f"ref_model.procs={cfg.ref_model.procs}: the reference worker runs in one process; set "
+                         "ref_model.procs: 1 (it only does forward passes; ref_model.device: cpu frees accelerators)")
     plans = [RolePlan("trainer", 1, cfg.trainer.procs),
              RolePlan("generator", cfg.generator.num_replicas, cfg.generator.procs),
              RolePlan("reward", cfg.reward.num_replicas, 1)]
