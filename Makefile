@@ -8,7 +8,7 @@ STAMP := $(VENV)/.forgeflow-installed
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: run test lint install clean bench
+.PHONY: run test lint install clean bench services
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,11 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/forgeflow grpo --config configs/grpo_math_tiny.yaml --run-name make-run
 
-test: $(STAMP)
+# services the integration tests use (as root: installs slurm-wlm + munge with apt and starts a one-node cluster)
+services:
+	@if [ "$$(id -u)" = 0 ]; then infra/slurm/setup_cluster.sh; else echo "not root: Slurm tests will fail"; fi
+
+test: $(STAMP) services
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

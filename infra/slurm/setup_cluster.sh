@@ -3,6 +3,7 @@
 # 127.0.0.1, no accounting storage, and a small `sacct` answering from `scontrol` (submitit needs one).
 # Used by `make test` (SLURM integration tests) and by anyone who wants to try `launcher: slurm` on one machine.
 #   infra/slurm/setup_cluster.sh          # install if needed, (re)start, wait until the node is idle
+#   infra/slurm/setup_cluster.sh restart  # rewrite the config and restart the daemons
 #   infra/slurm/setup_cluster.sh stop
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,6 +15,11 @@ LOG=/var/log/slurm
 if [[ "${1:-}" == "stop" ]]; then
     pkill -x slurmd || true; pkill -x slurmctld || true
     exit 0
+fi
+if [[ "${1:-}" != "restart" ]] && pgrep -x slurmctld >/dev/null && pgrep -x slurmd >/dev/null \
+        && grep -qs "written by forgeflow" /etc/slurm/slurm.conf \
+        && [[ "$(sinfo -h -o %t 2>/dev/null | head -1)" =~ ^(idle|mix|alloc)$ ]]; then
+    echo "slurm already running: $(sinfo -h -o '%n %t' | head -1)"; exit 0
 fi
 if [[ $EUID -ne 0 ]]; then
     echo "setup_cluster.sh: run as root (it installs packages and starts daemons)" >&2; exit 1
