@@ -1,1 +1,5 @@
-"""Prefect flows and the forgeflow CLI entry point."""
+"""forgeflow flows layer (see DESIGN.md). Prefect is configured before anything imports it."""
+
+from infra.prefect_env import configure_prefect
+
+configure_prefect()

@@ -33,33 +33,91 @@ def run_make_arith(args) -> int:
 
 
 def add_run_commands(sub) -> None:
-    for name, help_text in (("grpo", "SFT warm-up (if configured) then GRPO, in this process"),
-                            ("sft", "supervised fine-tuning only")):
+    helps = {"grpo": "the grpo flow: SFT warm-up (if configured) then GRPO on persistent workers",
+             "sft": "the sft flow: supervised fine-tuning only",
+             "eval": "the evaluate flow: held-out accuracy of a checkpoint",
+             "sweep": "the grpo-sweep flow: a grid of overrides, then a comparison table and PNG"}
+    for name, help_text in helps.items():
         p = sub.add_parser(name, help=help_text,
                            epilog="any config key can be overridden: --trainer.lr 3e-5 --loss.name dapo")
         p.add_argument("--config", default=DEFAULT_CONFIG[name], help="YAML recipe (default: %(default)s)")
         p.add_argument("--run-name", default=None)
         p.add_argument("--json", action="store_true", help="print the summary as JSON")
-        p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
+        if name == "grpo":
+            p.add_argument("--in-process", action="store_true",
+                           help="no Prefect, no workers: the whole recipe in this process (debugging)")
+            p.add_argument("--no-progress", action="store_true", help="no progress bars (in-process only)")
+        if name == "eval":
+            p.add_argument("checkpoint", help="HF checkpoint directory (e.g. .forgeflow/runs/<id>/checkpoints/…/hf)")
+        if name == "sweep":
+            p.add_argument("--grid", action="append", required=True,
+                           help="KEY=V1,V2,… (repeatable; the sweep is the cross product)")
+            p.add_argument("--max-concurrency", type=int, default=1)
+    resume = sub.add_parser("resume", help="continue a grpo run from its latest complete checkpoint")
+    resume.add_argument("run_id")
+    resume.add_argument("--json", action="store_true")
 
 
-DEFAULT_CONFIG = {"grpo": "configs/grpo_math_tiny.yaml", "sft": "configs/sft_math_tiny.yaml"}
+DEFAULT_CONFIG = {"grpo": "configs/grpo_math_tiny.yaml", "sft": "configs/sft_math_tiny.yaml",
+                  "eval": "configs/grpo_math_tiny.yaml", "sweep": "configs/grpo_math_tiny.yaml"}
 
 
-def run_recipe(args, extra: list[str]) -> int:
+def parse_grid(items: list[str]) -> dict[str, list]:
+    """['loss.name=dapo,gspo', 'trainer.lr=1e-5,3e-5'] → {'loss.name': ['dapo', 'gspo'], 'trainer.lr': [1e-5, 3e-5]}."""
+    import yaml
+
+    grid = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not values:
+            raise ValueError(f"--grid {item!r}: write KEY=V1,V2 (e.g. --grid loss.name=dapo,gspo)")
+        grid[key] = [yaml.safe_load(v) for v in values.split(",")]
+    return grid
+
+
+def run_command(args, extra: list[str]) -> int:
+    """Run the flow behind a CLI command; print its summary and the RESULT line."""
     import json
 
-    from flows.inprocess import result_line, run_main_job
-    from infra.config import load_config
-
     overrides = parse_overrides(extra)
-    if args.command == "sft":
-        overrides.setdefault("steps", 0)
-    cfg = load_config(args.config, overrides)
-    summary = run_main_job(cfg, args.run_name, show=not args.no_progress)
-    print(json.dumps(summary, indent=2) if args.json else f"run {summary['run_id']}: {summary}")
-    print(result_line(summary))
+    if args.command == "grpo" and args.in_process:
+        from flows.inprocess import run_main_job
+        from infra.config import load_config
+
+        summary = run_main_job(load_config(args.config, overrides), args.run_name, show=not args.no_progress)
+    elif args.command in ("grpo", "resume"):
+        from flows.grpo import grpo_flow
+        from infra.prefect_env import wait_for_task_runs
+
+        if args.command == "resume":
+            summary = grpo_flow(resume=args.run_id)
+        else:
+            summary = grpo_flow(config=args.config, overrides=overrides or None, run_name=args.run_name)
+        if summary.get("flow_run_id"):  # the embedded API records task runs asynchronously: let it catch up
+            wait_for_task_runs(summary["flow_run_id"], summary["task_calls"])
+    elif args.command == "sft":
+        from flows.sft import sft_flow
+
+        summary = {"checkpoint": sft_flow(config=args.config, overrides=overrides or None, run_name=args.run_name)}
+    elif args.command == "eval":
+        from flows.evaluate import evaluate_flow
+
+        summary = evaluate_flow(checkpoint=args.checkpoint, config=args.config, overrides=overrides or None)
+    else:
+        from flows.sweep import sweep_flow
+
+        summary = sweep_flow(config=args.config, grid=parse_grid(args.grid), overrides=overrides or None,
+                             max_concurrency=args.max_concurrency)
+    print(json.dumps(summary, indent=2, default=str) if args.json else summary_text(summary))
+    if "acc_before" in summary:
+        from flows.inprocess import result_line
+
+        print(result_line(summary))
     return 0
+
+
+def summary_text(summary: dict) -> str:
+    return "\n".join(f"{k}: {v}" for k, v in summary.items() if k != "recoveries" or v)
 
 
 def parse_overrides(extra: list[str]) -> dict:
@@ -98,13 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_libraries()
+    for noisy in ("httpx", "httpcore"):  # one line per Prefect API request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "data" and args.data_cmd == "make-arith":
             if extra:
                 parser.error(f"unrecognised arguments: {' '.join(extra)}")
             return run_make_arith(args)
-        if args.command in ("grpo", "sft"):
-            return run_recipe(args, extra)
+        if args.command in ("grpo", "sft", "eval", "sweep", "resume"):
+            if args.command == "resume" and extra:
+                parser.error(f"resume takes no overrides (the run keeps its recorded config): {' '.join(extra)}")
+            return run_command(args, extra)
     except ValueError as exc:
         print(f"forgeflow: error: {exc}", file=sys.stderr)
         return 2

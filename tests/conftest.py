@@ -1,4 +1,8 @@
 import os
+import tempfile
+
+# everything a test run writes (runs, Prefect's database, weight stores) goes to a scratch home, not ./.forgeflow
+os.environ.setdefault("FORGEFLOW_HOME", tempfile.mkdtemp(prefix="forgeflow-tests-"))
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -7,6 +7,7 @@ controller's calls and broadcasts each one to the other ranks, which run the sam
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -81,6 +82,7 @@ class TrainerWorker(Worker):
                 save_model_and_tokenizer(self.trainer.model, self.tokenizer, out / "hf")
             else:
                 torch.save({"model": state, "step": self.trainer.step}, out / "trainer.pt")
+            (out / "worker_step.json").write_text(json.dumps({"step": self.step}))
         return str(out)
 
     def load_checkpoint(self, path: str) -> int:
@@ -89,7 +91,8 @@ class TrainerWorker(Worker):
         if self.world > 1:
             raise ValueError("load_checkpoint with trainer.procs > 1 is not supported yet; resume with procs: 1")
         self.trainer.load(Path(path) / "trainer.pt")
-        self.step = self.policy_version = self.trainer.step
+        # the run's step also counts steps whose batch was empty (no optimizer step)
+        self.step = self.policy_version = json.loads((Path(path) / "worker_step.json").read_text())["step"]
         return self.step
 
     def shutdown(self) -> bool:

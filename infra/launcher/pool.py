@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -129,6 +130,8 @@ class WorkerPool:
                 self._stop_member(m, grace_s)
         self.members.clear()
         self._stop.set()
+        if self.cfg.weightsync.backend == "fs" and self.cfg.weightsync.root is None:
+            shutil.rmtree(self.store_root, ignore_errors=True)  # RAM-backed and rebuilt on restore: free it
 
     # ---- routing ----
 

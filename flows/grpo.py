@@ -1,0 +1,189 @@
+"""The `grpo` flow: SFT warm-up (subflow, when configured), then GRPO iterations as Prefect tasks on persistent
+workers.
+
+    dataset ─prompts─▶ rollout-v ──groups──▶ score_rewards-v ──▶ score_reference-v ──▶ train_step-v ──▶ sync_weights-v+1
+      (generator replicas, version v)    (reward workers)     (reference, beta>0)    (trainer: publishes v+1)
+                                              every checkpoint.every: checkpoint-N   every eval.every: evaluate-N
+
+With max_policy_age >= 1 the rollout of v+1 runs while v trains (behaviour logprobs correct the ratio).
+Run it: `forgeflow grpo --config configs/grpo_math_tiny.yaml --trainer.lr 3e-5` or `python -m flows.grpo …`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from forge_core.models import load_model_and_tokenizer
+from infra import components as C
+from infra.config import dump_config, load_config
+from infra.launcher import WorkerPool
+from infra.paths import new_run_id, run_dir
+from infra.plots import plot_curves
+from tasks import phases
+from tasks.context import RunContext, register_run, unregister_run
+
+log = logging.getLogger(__name__)
+
+
+def line_for_step(step: int, total: int, m: dict) -> str:
+    """One human line per GRPO step."""
+    acc = f" acc {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""
+    return (f"step {step + 1:>4}/{total} reward {m.get('reward/mean', 0):.3f}{acc} loss {m.get('loss/loss', 0):+.4f} "
+            f"kl {m.get('loss/kl_mean', 0):.4f} len {m.get('rollout/response_len_mean', 0):.1f} "
+            f"{m.get('timing/step', 0):.2f}s")
+
+
+class StepRecorder:
+    """Appends one JSON line per finished step to metrics.jsonl (durable as the run goes; a resumed run rewrites
+    from its checkpoint step, so no step is missing or duplicated)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows of steps > `step` (they were redone after a rollback or resume)."""
+        rows = self.rows()
+        kept = [r for r in rows if r["step"] <= step]
+        if len(kept) != len(rows):
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def append(self, row: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def rows(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+def run_iterations(ctx: RunContext, start: int, recorder: StepRecorder, show) -> int:
+    """GRPO steps start..cfg.steps-1 as tasks; returns the number of task calls made."""
+    cfg, run_id = ctx.cfg, ctx.run_id
+    pipelined = cfg.max_policy_age >= 1
+    calls = 0
+    step = start
+    pending = phases.rollout.submit(run_id, step) if pipelined and step < cfg.steps else None
+    while step < cfg.steps:
+        t0 = time.perf_counter()
+        if pending is not None:
+            groups, metrics = pending.result()
+            pending = None
+        else:
+            groups, metrics = phases.rollout(run_id, step)
+        groups, reward_metrics = phases.score_rewards(run_id, step, groups)
+        metrics.update(reward_metrics)
+        calls += 2
+        if C.needs_reference(cfg):
+            groups, ref_metrics = phases.score_reference(run_id, step, groups)
+            metrics.update(ref_metrics)
+            calls += 1
+        if pipelined and step + 1 < cfg.steps:  # sample v+1's batch with weights v while v trains
+            pending = phases.rollout.submit(run_id, step + 1)
+        train_metrics = phases.train_step(run_id, step, groups)
+        calls += 1 + (pending is not None)
+        if "resume_from" in train_metrics:  # a recovery rolled the trainer back to its last checkpoint
+            if pending is not None:
+                pending.wait()
+                pending = None
+            log.warning("trainer restored to step %d; continuing from there", train_metrics["resume_from"])
+            step = train_metrics["resume_from"]
+            recorder.truncate_after(step)
+            continue
+        metrics.update(train_metrics)
+        if pending is not None:
+            pending.wait()  # the generator's connection serves one call at a time
+        metrics.update(phases.sync_weights(run_id, step + 1))
+        calls += 1
+        if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+            metrics.update(phases.evaluate(run_id, step + 1))
+            calls += 1
+        if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
+            phases.checkpoint(run_id, step + 1)
+            calls += 1
+        metrics["timing/step"] = time.perf_counter() - t0
+        recorder.append({"step": step + 1, **metrics})
+        show(line_for_step(step, cfg.steps, metrics))
+        step += 1
+    return calls
+
+
+@flow(name="grpo", log_prints=True, persist_result=False)
+def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | None = None,
+              run_name: str | None = None, resume: str | None = None) -> dict:
+    """GRPO (any loss of the family) on persistent workers; returns the run summary (run id, accuracies, minutes)."""
+    start_time = time.perf_counter()
+    logger = get_run_logger()
+    cfg = load_config(config, overrides)
+    run_id = resume or new_run_id()
+    out = run_dir(run_id)
+    if resume and not (out / "config.yaml").exists():
+        raise ValueError(f"resume={resume!r}: no run directory {out}; list runs under {out.parent}")
+    if resume:  # the resumed run keeps its recorded config (overrides on resume are not allowed to change it)
+        cfg = load_config(out / "config.yaml")
+    else:
+        dump_config(cfg, out / "config.yaml")
+    logger.info("run %s (%s) in %s", run_id, run_name or "unnamed", out)
+    threads = C.configure_threads(cfg)
+    init_path = cfg.sft.init
+    if cfg.sft.steps > 0 and not init_path:
+        from flows.sft import sft_flow
+
+        sft_dir = out / "sft"
+        init_path = str(sft_dir) if (sft_dir / "config.json").exists() else sft_flow(config, overrides, out_dir=str(out))
+    _, tok = load_model_and_tokenizer(init_path or cfg.model.path, seed=cfg.seed)
+    splits = C.build_splits(cfg, tok)
+    recorder = StepRecorder(out / "metrics.jsonl")
+    with WorkerPool(cfg, out, init_path=init_path, with_reference=C.needs_reference(cfg)) as pool:
+        ctx = RunContext(run_id, cfg, pool, splits, out)
+        register_run(ctx)
+        try:
+            start = restore_latest(ctx)
+            recorder.truncate_after(start)
+            before = phases.evaluate(run_id, start)
+            logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
+                        before["eval/accuracy"], max(pool.startup_s.values()), threads)
+            calls = 2 + run_iterations(ctx, start, recorder, print)
+            after = phases.evaluate(run_id, cfg.steps)
+            last = ctx.checkpoint_dir / f"step-{cfg.steps:06d}"
+            final = str(last) if (last / "COMPLETE").exists() else phases.checkpoint(run_id, cfg.steps)
+        finally:
+            unregister_run(run_id)
+    summary = {"run_id": run_id, "run_name": run_name, "acc_before": before["eval/accuracy"],
+               "acc_after": after["eval/accuracy"], "start_step": start,
+               "minutes": (time.perf_counter() - start_time) / 60, "checkpoint": final,
+               "flow_run_id": str(flow_run.id) if flow_run.id else None, "task_calls": calls,
+               "recoveries": ctx.recoveries}
+    rows = recorder.rows()
+    if rows:
+        curves = [{"step": start, **before}] + rows + [{"step": cfg.steps, **after}]
+        summary["plot"] = str(plot_curves({run_name or run_id: curves}, out / "curves.png",
+                                          title=f"GRPO {cfg.loss['name']} on {cfg.dataset.kind}"))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def restore_latest(ctx: RunContext) -> int:
+    """Load the run's latest complete checkpoint into the trainer (and its weights into the generators);
+    returns the step to continue from (0 for a fresh run)."""
+    ckpt = ctx.latest_checkpoint()
+    if ckpt is None:
+        return 0
+    step = ctx.pool.call("trainer", "load_checkpoint", str(ckpt))
+    ctx.pool.call("trainer", "publish_weights", step)
+    ctx.pool.call_all("generator", "load_weights", step)
+    log.info("resumed from %s at step %d", ckpt, step)
+    return step
+
+
+if __name__ == "__main__":
+    from flows.cli import main
+
+    sys.exit(main(["grpo", *sys.argv[1:]]))

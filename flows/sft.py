@@ -1,0 +1,48 @@
+"""The `sft` flow: supervised warm-up of the configured model on the dataset's answers, in this process.
+
+    dataset ─(prompt, answer)─▶ sft_train (masked cross-entropy, AdamW, cosine) ─▶ <run>/sft (HF checkpoint)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from prefect import flow, task
+from prefect.cache_policies import NONE
+
+from infra.config import dump_config, load_config
+from infra.paths import new_run_id, run_dir
+
+
+@task(name="sft_train", cache_policy=NONE, persist_result=False, timeout_seconds=6 * 3600)
+def sft_train(config: str, overrides: dict | None, out_dir: str) -> str:
+    """cfg.sft.steps of SFT from cfg.model.path; returns the saved HF checkpoint directory."""
+    from pathlib import Path
+
+    from flows.inprocess import sft_phase
+    from forge_core.models import load_model_and_tokenizer
+    from infra import components as C
+
+    cfg = load_config(config, overrides)
+    C.configure_threads(cfg)
+    model, tok = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed, dtype=C.DTYPES[cfg.model.dtype])
+    splits = C.build_splits(cfg, tok)
+    return str(sft_phase(cfg, model, tok, splits, Path(out_dir), show=sys.stderr.isatty()))
+
+
+@flow(name="sft", log_prints=True, persist_result=False)
+def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None = None,
+             out_dir: str | None = None, run_name: str | None = None) -> str:
+    """SFT only; returns the checkpoint directory (<out_dir>/sft; a new run directory when out_dir is None)."""
+    cfg = load_config(config, overrides)
+    if cfg.sft.steps < 1:
+        raise ValueError(f"{config}: sft.steps is {cfg.sft.steps}; set sft.steps >= 1 to run SFT")
+    if out_dir is None:
+        out = run_dir(new_run_id())
+        dump_config(cfg, out / "config.yaml")
+        out_dir = str(out)
+    t0 = time.perf_counter()
+    path = sft_train(config, overrides, out_dir)
+    print(f"SFT checkpoint {path} after {cfg.sft.steps} steps in {(time.perf_counter() - t0) / 60:.1f} min")
+    return path

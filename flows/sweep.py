@@ -1,0 +1,74 @@
+"""The `grpo-sweep` flow: one grpo run per point of a grid of overrides, then a comparison table and PNG.
+
+    grid {loss.name: [dapo, gspo]} ─▶ child grpo runs (subflows, or deployment runs with use_deployments)
+                                    ─▶ sweep.json + comparison.png under <home>/sweeps/<sweep_id>
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+from prefect import flow
+
+from infra.paths import forgeflow_home, new_run_id
+from infra.plots import plot_curves
+
+
+def grid_points(grid: dict[str, list]) -> list[dict]:
+    """Cross product of the grid as a list of override dicts (in a stable order)."""
+    if not grid:
+        raise ValueError("sweep grid is empty: pass e.g. {'loss.name': ['dapo', 'gspo']}")
+    keys = list(grid)
+    for k in keys:
+        if not isinstance(grid[k], list) or not grid[k]:
+            raise ValueError(f"sweep grid key {k!r} needs a non-empty list of values, got {grid[k]!r}")
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def point_name(point: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in point.items())
+
+
+@flow(name="grpo-sweep", log_prints=True, persist_result=False)
+def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = None, overrides: dict | None = None,
+               max_concurrency: int = 1, use_deployments: bool = False,
+               deployment: str = "grpo/grpo-math") -> dict:
+    """Run every grid point (at most max_concurrency at a time), wait for all, compare them."""
+    points = grid_points(grid or {"loss.name": ["grpo", "dapo", "gspo"]})
+    sweep_id = "sweep-" + new_run_id()
+    out = forgeflow_home() / "sweeps" / sweep_id
+    out.mkdir(parents=True, exist_ok=True)
+
+    def run_point(point: dict) -> dict:
+        merged = {**(overrides or {}), **point}
+        name = f"{sweep_id}/{point_name(point)}"
+        if use_deployments:
+            from prefect.deployments import run_deployment
+
+            child = run_deployment(deployment, parameters={"overrides": merged, "run_name": name}, timeout=None)
+            if not child.state.is_completed():
+                raise RuntimeError(f"sweep child {name} ended {child.state.name}: see flow run {child.id}")
+            return child.state.result()
+        from flows.grpo import grpo_flow
+
+        return grpo_flow(config=config, overrides=merged, run_name=name)
+
+    with ThreadPoolExecutor(max_workers=max(1, max_concurrency)) as ex:
+        results = list(ex.map(run_point, points))
+    rows = [{"point": point_name(p), **{k: r.get(k) for k in ("run_id", "acc_before", "acc_after", "minutes")}}
+            for p, r in zip(points, results)]
+    curves = {}
+    from infra.paths import run_dir
+
+    for row in rows:
+        path = run_dir(row["run_id"]) / "metrics.jsonl"
+        curves[row["point"]] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    png = plot_curves(curves, out / "comparison.png", keys=("reward/mean", "eval/accuracy"),
+                      title=f"{sweep_id}: {', '.join(grid or {})}")
+    (out / "sweep.json").write_text(json.dumps({"sweep_id": sweep_id, "rows": rows}, indent=2))
+    table = "\n".join(f"{r['point']:<32} {r['acc_before']:.3f} → {r['acc_after']:.3f}  {r['minutes']:.1f} min  "
+                      f"{r['run_id']}" for r in rows)
+    print(f"sweep {sweep_id}\n{table}\nplot: {png}")
+    return {"sweep_id": sweep_id, "rows": rows, "plot": str(png)}

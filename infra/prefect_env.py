@@ -1,0 +1,59 @@
+"""Prefect settings for forgeflow processes: state under FORGEFLOW_HOME, telemetry off, patient start-up.
+
+Must run before `prefect` is imported (flows/ and tasks/ call it from their package __init__).
+"""
+
+from __future__ import annotations
+
+import os
+
+from infra.paths import forgeflow_home
+
+
+def configure_prefect() -> None:
+    """Set Prefect's environment defaults (existing values win, so users can point at a server)."""
+    home = forgeflow_home()
+    defaults = {
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        # the embedded (ephemeral) API starts a server in a subprocess: give a busy 2-core machine time
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_TASKS_REFRESH_CACHE": "false",
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+
+
+def read_task_runs(client, flow_run_id: str) -> list:
+    """Every task run of a flow run, paging through the API."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    runs, page = [], 200
+    while True:
+        batch = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                                      limit=page, offset=len(runs))
+        runs.extend(batch)
+        if len(batch) < page:
+            return runs
+
+
+def wait_for_task_runs(flow_run_id: str, expected: int, timeout_s: float = 60.0) -> int:
+    """Block until the Prefect API shows `expected` finished task runs for the flow run (the embedded server records
+    them asynchronously and would drop late ones when the process exits); returns the count seen."""
+    import time
+
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout_s
+    done = 0
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            done = sum(1 for r in read_task_runs(client, flow_run_id) if r.state is not None and r.state.is_final())
+            if done >= expected:
+                return done
+            time.sleep(0.5)
+    return done

@@ -1,0 +1,98 @@
+"""Prefect tasks, one per phase of a GRPO iteration. Each is a thin call into the run's workers and returns small
+values; a WorkerLost is retried after the dead role is restarted and restored (tasks/recovery.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from forge_core.recipes.grpo import sample_prompt_indices
+from forge_core.recipes.steps import rollout_metrics, step_seed
+from tasks.context import get_run
+from tasks.recovery import retry_on_worker_lost
+from workers import remote
+
+PHASE = dict(cache_policy=NONE, persist_result=False, retries=2, retry_delay_seconds=0,
+             retry_condition_fn=retry_on_worker_lost)
+
+
+@task(name="rollout", task_run_name="rollout-{step}", timeout_seconds=1800, **PHASE)
+def rollout(run_id: str, step: int) -> tuple[list, dict]:
+    """Sample group_size completions for the step's prompts on the generator replicas; (groups, rollout/* metrics)."""
+    ctx = get_run(run_id)
+    cfg, splits = ctx.cfg, ctx.splits
+    idx = sample_prompt_indices(len(splits.train), cfg.prompts_per_step, cfg.seed, step)
+    t0 = time.perf_counter()
+    groups = remote.remote_rollout(ctx.pool, [splits.train[i] for i in idx], [splits.train_prompts[i] for i in idx],
+                                   cfg.group_size, step_seed(cfg.seed, step))
+    seconds = time.perf_counter() - t0
+    metrics = rollout_metrics(groups)
+    tokens = sum(len(e.completion.token_ids) for g in groups for e in g.episodes)
+    versions = [e.completion.policy_version for g in groups for e in g.episodes]
+    metrics.update({"rollout/tokens_per_s": tokens / max(seconds, 1e-9), "timing/rollout": seconds,
+                    "rollout/policy_staleness": float(step - min(versions))})
+    return groups, metrics
+
+
+@task(name="score_rewards", task_run_name="score_rewards-{step}", timeout_seconds=600, **PHASE)
+def score_rewards(run_id: str, step: int, groups: list) -> tuple[list, dict]:
+    """Rewards from a reward worker written onto the episodes; (groups, reward/* metrics)."""
+    t0 = time.perf_counter()
+    metrics = remote.remote_score(get_run(run_id).pool, groups)
+    metrics["timing/reward"] = time.perf_counter() - t0
+    return groups, metrics
+
+
+@task(name="score_reference", task_run_name="score_reference-{step}", timeout_seconds=900, **PHASE)
+def score_reference(run_id: str, step: int, groups: list) -> tuple[list, dict]:
+    """Reference-model logprobs for the KL term (only scheduled when loss.beta > 0)."""
+    t0 = time.perf_counter()
+    remote.remote_reference(get_run(run_id).pool, groups)
+    return groups, {"timing/reference": time.perf_counter() - t0}
+
+
+@task(name="train_step", task_run_name="train_step-{step}", timeout_seconds=1800, **PHASE)
+def train_step(run_id: str, step: int, groups: list) -> dict:
+    """One optimizer step on the trainer (publishes version step+1). When a recovery rolled the trainer back,
+    nothing is trained and `resume_from` says where the flow continues."""
+    ctx = get_run(run_id)
+    actual = ctx.pool.call("trainer", "health")["step"]
+    if actual != step:
+        return {"resume_from": actual}
+    t0 = time.perf_counter()
+    metrics = remote.remote_train(ctx.pool, groups, step)
+    metrics["timing/train"] = time.perf_counter() - t0
+    return metrics
+
+
+@task(name="sync_weights", task_run_name="sync_weights-{version}", timeout_seconds=600, **PHASE)
+def sync_weights(run_id: str, version: int) -> dict:
+    """Every generator loads `version` from the weight store."""
+    t0 = time.perf_counter()
+    remote.remote_sync(get_run(run_id).pool, version)
+    return {"timing/sync": time.perf_counter() - t0}
+
+
+@task(name="evaluate", task_run_name="evaluate-{step}", timeout_seconds=1800, **PHASE)
+def evaluate(run_id: str, step: int) -> dict:
+    """Held-out greedy (and sampled) accuracy of the generator's current weights."""
+    ctx = get_run(run_id)
+    return ctx.pool.call("generator", "evaluate", ctx.splits.eval, ctx.splits.eval_prompts, ctx.cfg.eval.samples)
+
+
+@task(name="checkpoint", task_run_name="checkpoint-{step}", timeout_seconds=1800, **PHASE)
+def checkpoint(run_id: str, step: int) -> str:
+    """Trainer state + HF weights to checkpoints/step-N; COMPLETE is written last, old ones pruned to `keep`."""
+    ctx = get_run(run_id)
+    path = ctx.checkpoint_dir / f"step-{step:06d}"
+    ctx.pool.call("trainer", "save_checkpoint", str(path))
+    (path / "COMPLETE").write_text(json.dumps({"step": step}))
+    complete = sorted(p.parent for p in ctx.checkpoint_dir.glob("step-*/COMPLETE"))
+    for old in complete[: -ctx.cfg.checkpoint.keep]:
+        (old / "COMPLETE").unlink()  # first, so a crash mid-delete never leaves a "complete" partial checkpoint
+        shutil.rmtree(old)
+    return str(path)

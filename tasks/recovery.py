@@ -1,0 +1,48 @@
+"""Retry condition for phase tasks: on WorkerLost, restart the dead role and restore it before the retry.
+
+The trainer comes back from the latest complete checkpoint (or its initial weights) and republishes its weights;
+generators reload the trainer's current version. The flow then continues from the trainer's actual step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tasks.context import RunContext, run_owning_job
+from workers.protocol import WorkerLost
+
+log = logging.getLogger(__name__)
+
+
+def retry_on_worker_lost(task, task_run, state) -> bool:
+    """Prefect retry_condition_fn: True (after recovering the role) for WorkerLost, False for anything else."""
+    exc = state.data if isinstance(state.data, BaseException) else None
+    if not isinstance(exc, WorkerLost):
+        return False
+    ctx = run_owning_job(exc.job_id)
+    if ctx is None:
+        log.error("WorkerLost for job %s, which no live run owns: not retrying", exc.job_id)
+        return False
+    recover_role(ctx, exc.role.rsplit("-", 1)[0], reason=exc.reason)
+    return True
+
+
+def recover_role(ctx: RunContext, role: str, reason: str = "") -> int:
+    """Restart `role` and bring it back to the run's state; returns the trainer's step afterwards."""
+    t0 = time.perf_counter()
+    pool = ctx.pool
+    pool.restart(role)
+    if role == "trainer":
+        ckpt = ctx.latest_checkpoint()
+        step = pool.call("trainer", "load_checkpoint", str(ckpt)) if ckpt else 0
+        pool.call("trainer", "publish_weights", step)
+        pool.call_all("generator", "load_weights", step)
+    else:
+        step = pool.call("trainer", "health")["step"]
+        if role == "generator":
+            pool.call_all("generator", "load_weights", step)
+    ctx.recoveries.append({"role": role, "reason": reason, "trainer_step": step,
+                           "seconds": time.perf_counter() - t0})
+    log.warning("recovered %s (%s): trainer at step %d", role, reason, step)
+    return step
