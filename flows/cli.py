@@ -53,6 +53,10 @@ def add_run_commands(sub) -> None:
             p.add_argument("--grid", action="append", required=True,
                            help="KEY=V1,V2,… (repeatable; the sweep is the cross product)")
             p.add_argument("--max-concurrency", type=int, default=1)
+    sub.add_parser("deploy", help="create the work pool, the prefect.yaml deployments and the crash Automation "
+                                  "on the server in PREFECT_API_URL")
+    server = sub.add_parser("server", help="run a Prefect server on 127.0.0.1 with forgeflow's settings (foreground)")
+    server.add_argument("--port", type=int, default=4200)
     resume = sub.add_parser("resume", help="continue a grpo run from its latest complete checkpoint")
     resume.add_argument("run_id")
     resume.add_argument("--json", action="store_true")
@@ -116,6 +120,19 @@ def run_command(args, extra: list[str]) -> int:
     return 0
 
 
+def run_server(port: int) -> int:
+    """`prefect server start` on 127.0.0.1 (state under FORGEFLOW_HOME/prefect); returns its exit status."""
+    import subprocess
+    from pathlib import Path
+
+    from infra.prefect_env import configure_prefect
+
+    configure_prefect()
+    prefect = Path(sys.executable).with_name("prefect")
+    print(f"Prefect UI/API on http://127.0.0.1:{port} — export PREFECT_API_URL=http://127.0.0.1:{port}/api")
+    return subprocess.call([str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)])
+
+
 def summary_text(summary: dict) -> str:
     return "\n".join(f"{k}: {v}" for k, v in summary.items() if k != "recoveries" or v)
 
@@ -163,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
             if extra:
                 parser.error(f"unrecognised arguments: {' '.join(extra)}")
             return run_make_arith(args)
+        if args.command == "deploy":
+            from flows.deploy import deploy
+
+            print(summary_text(deploy()))
+            return 0
+        if args.command == "server":
+            return run_server(args.port)
         if args.command in ("grpo", "sft", "eval", "sweep", "resume"):
             if args.command == "resume" and extra:
                 parser.error(f"resume takes no overrides (the run keeps its recorded config): {' '.join(extra)}")

@@ -20,11 +20,12 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from flows.deploy import MAX_FLOW_RUN_ATTEMPTS
 from forge_core.models import load_model_and_tokenizer
 from infra import components as C
 from infra.config import dump_config, load_config
 from infra.launcher import WorkerPool
-from infra.paths import new_run_id, run_dir
+from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
 from tasks import phases
 from tasks.context import RunContext, register_run, unregister_run
@@ -122,7 +123,11 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
     start_time = time.perf_counter()
     logger = get_run_logger()
     cfg = load_config(config, overrides)
-    run_id = resume or new_run_id()
+    if (flow_run.run_count or 1) > MAX_FLOW_RUN_ATTEMPTS:
+        raise RuntimeError(f"flow run {flow_run.id} is on attempt {flow_run.run_count}; forgeflow stops after "
+                           f"{MAX_FLOW_RUN_ATTEMPTS} (see its earlier crashes); `forgeflow resume RUN_ID` continues it")
+    run_id = resume or run_id_for_flow_run()
+    resume = resume or (run_id if (run_dir(run_id) / "config.yaml").exists() else None)
     out = run_dir(run_id)
     if resume and not (out / "config.yaml").exists():
         raise ValueError(f"resume={resume!r}: no run directory {out}; list runs under {out.parent}")
@@ -168,6 +173,20 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
                                           title=f"GRPO {cfg.loss['name']} on {cfg.dataset.kind}"))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def run_id_for_flow_run() -> str:
+    """A new run id, remembered per Prefect flow run: a flow run rescheduled after a crash gets the same run id back
+    and so resumes its own checkpoints."""
+    if not flow_run.id:
+        return new_run_id()
+    index = forgeflow_home() / "flow_runs" / f"{flow_run.id}.json"
+    if index.exists():
+        return json.loads(index.read_text())["run_id"]
+    run_id = new_run_id()
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.write_text(json.dumps({"run_id": run_id, "flow_run_id": str(flow_run.id)}))
+    return run_id
 
 
 def restore_latest(ctx: RunContext) -> int:

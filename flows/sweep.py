@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import json
 from concurrent.futures import ThreadPoolExecutor
 
 from prefect import flow
 
-from infra.paths import forgeflow_home, new_run_id
+from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
 
 
@@ -50,18 +51,20 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
             child = run_deployment(deployment, parameters={"overrides": merged, "run_name": name}, timeout=None)
             if not child.state.is_completed():
                 raise RuntimeError(f"sweep child {name} ended {child.state.name}: see flow run {child.id}")
-            return child.state.result()
+            # results are not persisted in Prefect; the child's summary is in its run directory
+            index = forgeflow_home() / "flow_runs" / f"{child.id}.json"
+            return json.loads((run_dir(json.loads(index.read_text())["run_id"]) / "summary.json").read_text())
         from flows.grpo import grpo_flow
 
         return grpo_flow(config=config, overrides=merged, run_name=name)
 
     with ThreadPoolExecutor(max_workers=max(1, max_concurrency)) as ex:
-        results = list(ex.map(run_point, points))
+        # each thread gets a copy of this flow's context, so children are linked to the sweep as its subflows
+        futures = [ex.submit(contextvars.copy_context().run, run_point, p) for p in points]
+        results = [f.result() for f in futures]
     rows = [{"point": point_name(p), **{k: r.get(k) for k in ("run_id", "acc_before", "acc_after", "minutes")}}
             for p, r in zip(points, results)]
     curves = {}
-    from infra.paths import run_dir
-
     for row in rows:
         path = run_dir(row["run_id"]) / "metrics.jsonl"
         curves[row["point"]] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -171,10 +171,19 @@ class WorkerPool:
             heartbeat_stale_s=self.cfg.workers.heartbeat_stale_s,
             bind_host="0.0.0.0" if self.cfg.launcher == "slurm" else "127.0.0.1",
             env={"OMP_NUM_THREADS": str(self.cfg.workers.threads)})
-        executor = make_executor(self.cfg, self.workers_dir / "jobs", tasks=plan.procs, name=f"ff-{name}")
+        executor = make_executor(self.cfg, self.workers_dir / "jobs", tasks=plan.procs, gpus=self._gpus_for(plan),
+                                 name=f"ff-{name}")
         job = executor.submit(run_worker, spec)
         log.info("submitted %s as job %s (%s launcher, %d proc)", name, job.job_id, self.cfg.launcher, plan.procs)
         return Member(spec, job, started_s=time.monotonic())
+
+    def _gpus_for(self, plan: RolePlan) -> int:
+        """Accelerators for one job of the role: one per rank for models on GPU, none for rewards / CPU reference."""
+        if self.cfg.launcher != "slurm" or self.cfg.slurm.gpus_per_node == 0:
+            return 0
+        if plan.role == "reward" or (plan.role == "reference" and self.cfg.ref_model.device == "cpu"):
+            return 0
+        return min(plan.procs, self.cfg.slurm.gpus_per_node)
 
     def _wait_role(self, role: str) -> None:
         for m in self.members[role]:
