@@ -83,3 +83,18 @@ def test_killed_worker_mid_run_is_recovered_without_gaps(role):
     assert steps_recorded(summary["run_id"]) == [1, 2, 3, 4, 5, 6]
     if role == "trainer":  # restored from the latest checkpoint (every 2 steps), later steps redone
         assert summary["recoveries"][0]["trainer_step"] in (2, 4)
+
+
+def test_resume_continues_from_the_latest_complete_checkpoint():
+    import shutil
+
+    first = grpo_flow(overrides={**TINY, "steps": 4}, run_name="resume-me")
+    out = run_dir(first["run_id"])
+    shutil.rmtree(out / "checkpoints" / "step-000004")  # as if the process died before the last checkpoint
+    (out / "checkpoints" / "step-000002" / "hf").mkdir(exist_ok=True)
+    partial = out / "checkpoints" / "step-000003"
+    partial.mkdir()  # an interrupted checkpoint without COMPLETE must be ignored
+    second = grpo_flow(resume=first["run_id"])
+    assert second["run_id"] == first["run_id"] and second["start_step"] == 2
+    assert steps_recorded(first["run_id"]) == [1, 2, 3, 4]
+    assert (out / "checkpoints" / "step-000004" / "COMPLETE").exists()
