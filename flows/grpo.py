@@ -15,7 +15,6 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -27,6 +26,7 @@ from infra.config import dump_config, load_config
 from infra.launcher import WorkerPool
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
+from infra.records import RunRecords, dataset_fingerprint
 from tasks import phases
 from tasks.context import RunContext, register_run, unregister_run
 
@@ -41,31 +41,7 @@ def line_for_step(step: int, total: int, m: dict) -> str:
             f"{m.get('timing/step', 0):.2f}s")
 
 
-class StepRecorder:
-    """Appends one JSON line per finished step to metrics.jsonl (durable as the run goes; a resumed run rewrites
-    from its checkpoint step, so no step is missing or duplicated)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def truncate_after(self, step: int) -> None:
-        """Drop rows of steps > `step` (they were redone after a rollback or resume)."""
-        rows = self.rows()
-        kept = [r for r in rows if r["step"] <= step]
-        if len(kept) != len(rows):
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-
-    def append(self, row: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-
-    def rows(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-
-def run_iterations(ctx: RunContext, start: int, recorder: StepRecorder, show) -> int:
+def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> int:
     """GRPO steps start..cfg.steps-1 as tasks; returns the number of task calls made."""
     cfg, run_id = ctx.cfg, ctx.run_id
     pipelined = cfg.max_policy_age >= 1
@@ -96,7 +72,7 @@ def run_iterations(ctx: RunContext, start: int, recorder: StepRecorder, show) ->
                 pending = None
             log.warning("trainer restored to step %d; continuing from there", train_metrics["resume_from"])
             step = train_metrics["resume_from"]
-            recorder.truncate_after(step)
+            records.rollback(step)
             continue
         metrics.update(train_metrics)
         if pending is not None:
@@ -107,10 +83,10 @@ def run_iterations(ctx: RunContext, start: int, recorder: StepRecorder, show) ->
             metrics.update(phases.evaluate(run_id, step + 1))
             calls += 1
         if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-            phases.checkpoint(run_id, step + 1)
+            records.checkpoint(step + 1, phases.checkpoint(run_id, step + 1))
             calls += 1
         metrics["timing/step"] = time.perf_counter() - t0
-        recorder.append({"step": step + 1, **metrics})
+        records.step(step + 1, metrics)
         show(line_for_step(step, cfg.steps, metrics))
         step += 1
     return calls
@@ -118,7 +94,8 @@ def run_iterations(ctx: RunContext, start: int, recorder: StepRecorder, show) ->
 
 @flow(name="grpo", log_prints=True, persist_result=False)
 def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | None = None,
-              run_name: str | None = None, resume: str | None = None) -> dict:
+              run_name: str | None = None, resume: str | None = None, sweep_id: str | None = None,
+              parent_mlflow_run_id: str | None = None) -> dict:
     """GRPO (any loss of the family) on persistent workers; returns the run summary (run id, accuracies, minutes)."""
     start_time = time.perf_counter()
     logger = get_run_logger()
@@ -137,41 +114,56 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
         dump_config(cfg, out / "config.yaml")
     logger.info("run %s (%s) in %s", run_id, run_name or "unnamed", out)
     threads = C.configure_threads(cfg)
-    init_path = cfg.sft.init
+    init_path, sft_run = cfg.sft.init, None
     if cfg.sft.steps > 0 and not init_path:
         from flows.sft import sft_flow
 
-        sft_dir = out / "sft"
-        init_path = str(sft_dir) if (sft_dir / "config.json").exists() else sft_flow(config, overrides, out_dir=str(out))
+        sft_dir, sft_run = out / "sft", f"{run_id}-sft"
+        init_path = str(sft_dir) if (sft_dir / "config.json").exists() else \
+            sft_flow(config, overrides, out_dir=str(out), run_id=sft_run, sweep_id=sweep_id)
     _, tok = load_model_and_tokenizer(init_path or cfg.model.path, seed=cfg.seed)
     splits = C.build_splits(cfg, tok)
-    recorder = StepRecorder(out / "metrics.jsonl")
-    with WorkerPool(cfg, out, init_path=init_path, with_reference=C.needs_reference(cfg)) as pool:
-        ctx = RunContext(run_id, cfg, pool, splits, out)
-        register_run(ctx)
-        try:
-            start = restore_latest(ctx)
-            recorder.truncate_after(start)
-            before = phases.evaluate(run_id, start)
-            logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
-                        before["eval/accuracy"], max(pool.startup_s.values()), threads)
-            calls = 2 + run_iterations(ctx, start, recorder, print)
-            after = phases.evaluate(run_id, cfg.steps)
-            last = ctx.checkpoint_dir / f"step-{cfg.steps:06d}"
-            final = str(last) if (last / "COMPLETE").exists() else phases.checkpoint(run_id, cfg.steps)
-        finally:
-            unregister_run(run_id)
+    records = RunRecords(cfg, run_id, out)
+    records.start(run_name, str(flow_run.id) if flow_run.id else None, dataset_fingerprint(splits.train),
+                  init_checkpoint=init_path, sweep_id=sweep_id, parent_mlflow_run_id=parent_mlflow_run_id,
+                  parent_run_id=sft_run)
+    try:
+        with WorkerPool(cfg, out, init_path=init_path, with_reference=C.needs_reference(cfg)) as pool:
+            records.workers(pool)
+            ctx = RunContext(run_id, cfg, pool, splits, out, records=records)
+            register_run(ctx)
+            try:
+                start = restore_latest(ctx)
+                records.rollback(start)
+                before = phases.evaluate(run_id, start)
+                logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
+                            before["eval/accuracy"], max(pool.startup_s.values()), threads)
+                calls = 2 + run_iterations(ctx, start, records, print)
+                after = phases.evaluate(run_id, cfg.steps)
+                last = ctx.checkpoint_dir / f"step-{cfg.steps:06d}"
+                final = str(last) if (last / "COMPLETE").exists() else phases.checkpoint(run_id, cfg.steps)
+                records.checkpoint(cfg.steps, final, kind="final")
+            finally:
+                unregister_run(run_id)
+    except KeyboardInterrupt:
+        records.finish("interrupted", message="interrupted (Ctrl-C): `forgeflow resume RUN_ID` continues it")
+        raise
+    except BaseException as exc:
+        records.finish("failed", message=f"{type(exc).__name__}: {exc}"[:2000])
+        raise
     summary = {"run_id": run_id, "run_name": run_name, "acc_before": before["eval/accuracy"],
                "acc_after": after["eval/accuracy"], "start_step": start,
                "minutes": (time.perf_counter() - start_time) / 60, "checkpoint": final,
                "flow_run_id": str(flow_run.id) if flow_run.id else None, "task_calls": calls,
                "recoveries": ctx.recoveries}
-    rows = recorder.rows()
+    rows = records.rows()
     if rows:
         curves = [{"step": start, **before}] + rows + [{"step": cfg.steps, **after}]
         summary["plot"] = str(plot_curves({run_name or run_id: curves}, out / "curves.png",
                                           title=f"GRPO {cfg.loss['name']} on {cfg.dataset.kind}"))
+    summary["mlflow_run_id"] = records.mlflow_run_id
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    records.finish("completed", summary)
     return summary
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from prefect import flow, task
 from prefect.cache_policies import NONE
@@ -33,16 +34,34 @@ def sft_train(config: str, overrides: dict | None, out_dir: str) -> str:
 
 @flow(name="sft", log_prints=True, persist_result=False)
 def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None = None,
-             out_dir: str | None = None, run_name: str | None = None) -> str:
-    """SFT only; returns the checkpoint directory (<out_dir>/sft; a new run directory when out_dir is None)."""
+             out_dir: str | None = None, run_name: str | None = None, run_id: str | None = None,
+             sweep_id: str | None = None) -> str:
+    """SFT only; returns the checkpoint directory (<out_dir>/sft; a new run directory when out_dir is None).
+    Registered as its own run (recipe sft) with the checkpoint, so GRPO runs started from it link back."""
+    from prefect.runtime import flow_run
+
+    from forge_core.models import load_model_and_tokenizer
+    from infra import components as C
+    from infra.records import RunRecords, dataset_fingerprint
+
     cfg = load_config(config, overrides)
     if cfg.sft.steps < 1:
         raise ValueError(f"{config}: sft.steps is {cfg.sft.steps}; set sft.steps >= 1 to run SFT")
+    run_id = run_id or new_run_id()
     if out_dir is None:
-        out = run_dir(new_run_id())
-        dump_config(cfg, out / "config.yaml")
-        out_dir = str(out)
+        out_dir = str(run_dir(run_id))
+    dump_config(cfg, Path(out_dir) / "config.yaml")
+    records = RunRecords(cfg, run_id, Path(out_dir), recipe="sft")
+    _, tok = load_model_and_tokenizer(cfg.model.path)
+    records.start(run_name or run_id, str(flow_run.id) if flow_run.id else None,
+                  dataset_fingerprint(C.build_splits(cfg, tok).train), sweep_id=sweep_id)
     t0 = time.perf_counter()
-    path = sft_train(config, overrides, out_dir)
+    try:
+        path = sft_train(config, overrides, out_dir)
+    except BaseException as exc:
+        records.finish("failed", message=f"{type(exc).__name__}: {exc}"[:2000])
+        raise
+    records.checkpoint(cfg.sft.steps, path, kind="sft")
+    records.finish("completed")
     print(f"SFT checkpoint {path} after {cfg.sft.steps} steps in {(time.perf_counter() - t0) / 60:.1f} min")
     return path

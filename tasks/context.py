@@ -22,6 +22,7 @@ class RunContext:
     pool: object  # infra.launcher.WorkerPool
     splits: ProblemSplits
     out: Path
+    records: object | None = None  # infra.records.RunRecords
     recoveries: list[dict] = field(default_factory=list)
 
     @property

@@ -44,5 +44,7 @@ def recover_role(ctx: RunContext, role: str, reason: str = "") -> int:
             pool.call_all("generator", "load_weights", step)
     ctx.recoveries.append({"role": role, "reason": reason, "trainer_step": step,
                            "seconds": time.perf_counter() - t0})
+    if ctx.records is not None:
+        ctx.records.workers(pool)  # the restarted workers replace the lost ones in the registry
     log.warning("recovered %s (%s): trainer at step %d", role, reason, step)
     return step

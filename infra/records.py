@@ -1,0 +1,152 @@
+"""Everything a run records, kept consistent: metrics.jsonl in the run directory, the SQL registry and MLflow.
+
+A step is written to all three when it completes; a rollback (recovery or resume) supersedes later steps in the
+registry and drops them from metrics.jsonl, so each step ends up recorded once as completed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+from pathlib import Path
+
+from infra.config import RunConfig, config_to_dict
+from infra.registry import repo, session_scope
+from infra.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def code_version() -> str:
+    """git commit of the checkout (with '+dirty' when modified), or 'unknown'."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha.stdout.strip()[:12] + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def dataset_fingerprint(problems) -> str:
+    """sha256 over the (question, solution) pairs a run trains on."""
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(p.question.encode())
+        h.update(b"\0")
+        h.update(str(p.solution).encode())
+        h.update(b"\1")
+    return h.hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class RunRecords:
+    """The records of one run: call `start`, then `step`/`rollback`/`checkpoint`, then `finish`."""
+
+    def __init__(self, cfg: RunConfig, run_id: str, out: Path, recipe: str = "grpo"):
+        self.cfg, self.run_id, self.out, self.recipe = cfg, run_id, out, recipe
+        self.metrics_path = out / "metrics.jsonl"
+        self.registry_url = cfg.tracking.registry_url
+        self.tracker = Tracker(cfg.tracking.mlflow_uri, cfg.tracking.experiment)
+        self.mlflow_run_id: str | None = None
+
+    # ---- lifecycle ----
+
+    def start(self, name: str | None, flow_run_id: str | None, dataset: str | None, init_checkpoint: str | None = None,
+              sweep_id: str | None = None, parent_mlflow_run_id: str | None = None,
+              parent_run_id: str | None = None) -> None:
+        """Register the run (or reopen it on resume) and open its MLflow run."""
+        config = config_to_dict(self.cfg)
+        with session_scope(self.registry_url) as s:
+            existing = s.get(repo.Run, self.run_id)
+            if existing is not None:  # resume: same registry run and MLflow run
+                repo.update_run(s, self.run_id, status="running", status_message=None,
+                                prefect_flow_run_id=flow_run_id or existing.prefect_flow_run_id)
+                self.mlflow_run_id = existing.mlflow_run_id
+                repo.mark_workers(s, self.run_id, "lost", "controller restarted")
+            else:
+                init = repo.find_checkpoint(s, init_checkpoint) if init_checkpoint else None
+                tags = {"forgeflow.run_id": self.run_id, "forgeflow.recipe": self.recipe,
+                        "forgeflow.code_version": code_version(), "prefect.flow_run_id": flow_run_id,
+                        "forgeflow.sweep_id": sweep_id, "forgeflow.dataset": dataset,
+                        "forgeflow.loss": self.cfg.loss.get("name")}
+                self.mlflow_run_id = self.tracker.start_run(name or self.run_id, config, tags, parent_mlflow_run_id)
+                repo.create_run(s, self.run_id, self.recipe, config, name, code_version=tags["forgeflow.code_version"],
+                                dataset_fingerprint=dataset, prefect_flow_run_id=flow_run_id,
+                                mlflow_run_id=self.mlflow_run_id, sweep_id=sweep_id, parent_run_id=parent_run_id,
+                                init_checkpoint_id=init.id if init else None)
+        if existing is not None and self.mlflow_run_id:
+            self.tracker.client.update_run(self.mlflow_run_id, status="RUNNING")
+
+    def finish(self, status: str, summary: dict | None = None, message: str | None = None) -> None:
+        """Mark the run completed | failed | interrupted, close MLflow, attach artifacts."""
+        with session_scope(self.registry_url) as s:
+            repo.update_run(s, self.run_id, status=status, status_message=message)
+            repo.mark_workers(s, self.run_id, "stopped", f"run {status}")
+        if self.mlflow_run_id is None:
+            return
+        for name in ("config.yaml", "summary.json", "curves.png", "eval.json"):
+            self.tracker.log_artifact(self.mlflow_run_id, self.out / name)
+        if summary:
+            self.tracker.log_step(self.mlflow_run_id, self.cfg.steps,
+                                  {"final/acc_before": summary.get("acc_before", 0.0),
+                                   "final/acc_after": summary.get("acc_after", 0.0),
+                                   "final/minutes": summary.get("minutes", 0.0)})
+        mlflow_status = {"completed": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED")
+        self.tracker.end_run(self.mlflow_run_id, mlflow_status)
+
+    # ---- per step ----
+
+    def step(self, step: int, metrics: dict) -> None:
+        """Step `step` (1-based: the policy version it produced) completed with `metrics`."""
+        row = {"step": step, **metrics}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        with session_scope(self.registry_url) as s:
+            repo.record_iteration(s, self.run_id, step, metrics, policy_version=step)
+        if self.mlflow_run_id:
+            self.tracker.log_step(self.mlflow_run_id, step, metrics)
+
+    def rollback(self, step: int) -> None:
+        """Steps after `step` will be redone: supersede them everywhere."""
+        rows = self.rows()
+        kept = [r for r in rows if r["step"] <= step]
+        if len(kept) != len(rows):
+            self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        with session_scope(self.registry_url) as s:
+            repo.supersede_after(s, self.run_id, step)
+
+    def rows(self) -> list[dict]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(x) for x in self.metrics_path.read_text().splitlines() if x.strip()]
+
+    def checkpoint(self, step: int, path: str, kind: str = "trainer") -> int:
+        """Register a checkpoint directory (sha256 of its trainer state, or of its weights for HF-only ones)."""
+        p = Path(path)
+        main = p / "trainer.pt" if (p / "trainer.pt").exists() else p / "model.safetensors"
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        with session_scope(self.registry_url) as s:
+            ck = repo.record_checkpoint(s, self.run_id, step, str(p), file_sha256(main), size, kind)
+            return ck.id
+
+    def workers(self, pool) -> None:
+        """Record the pool's workers (role, job id, host, pid)."""
+        with session_scope(self.registry_url) as s:
+            for role, members in pool.members.items():
+                for m in members:
+                    h = m.client.last_health if m.client else {}
+                    repo.record_worker(s, self.run_id, m.spec.name, role, str(m.job.job_id), h.get("host"),
+                                       h.get("pid"), pool.startup_s.get(m.spec.name))

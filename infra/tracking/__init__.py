@@ -1,0 +1,96 @@
+"""MLflow tracking: one MLflow run per training run, metrics in one batch call per step, params, tags, artifacts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MAX_PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch call
+
+
+def default_tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI, else a SQLite store under FORGEFLOW_HOME."""
+    from infra.paths import forgeflow_home
+
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{forgeflow_home() / 'mlflow.db'}"
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, str]:
+    """Nested config → {'trainer.lr': '1e-05', …} (lists as their repr)."""
+    out: dict[str, str] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = str(v)[:6000]
+    return out
+
+
+class Tracker:
+    """Thin wrapper over MlflowClient bound to one experiment (explicit run ids: safe from any thread)."""
+
+    def __init__(self, uri: str | None = None, experiment: str | None = None):
+        from mlflow.tracking import MlflowClient
+
+        from infra.paths import forgeflow_home
+
+        self.uri = uri or default_tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.uri)
+        name = experiment or "forgeflow"
+        exp = self.client.get_experiment_by_name(name)
+        if exp is None:
+            artifacts = None if self.uri.startswith("http") else (forgeflow_home() / "mlartifacts").as_uri()
+            self.experiment_id = self.client.create_experiment(name, artifact_location=artifacts)
+        else:
+            self.experiment_id = exp.experiment_id
+
+    def start_run(self, run_name: str, params: dict | None = None, tags: dict | None = None,
+                  parent_run_id: str | None = None) -> str:
+        """Create an MLflow run (nested under parent_run_id when given); returns its id."""
+        tags = {k: str(v) for k, v in (tags or {}).items() if v is not None}
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        if params:
+            self.log_params(run.info.run_id, params)
+        return run.info.run_id
+
+    def log_params(self, run_id: str, params: dict) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in flatten(params).items()]
+        for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=items[start:start + MAX_PARAMS_PER_BATCH])
+
+    def log_step(self, run_id: str, step: int, metrics: dict) -> None:
+        """All numeric metrics of a step in one call."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                 if isinstance(v, int | float) and not isinstance(v, bool)]
+        if batch:
+            self.client.log_batch(run_id, metrics=batch)
+
+    def set_tags(self, run_id: str, tags: dict) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, str(v))
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(run_id, str(path), artifact_path)
+        elif path.exists():
+            self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        """status: FINISHED | FAILED | KILLED."""
+        self.client.set_terminated(run_id, status=status)
+
+    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]
