@@ -138,7 +138,7 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
                 before = phases.evaluate(run_id, start)
                 logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
                             before["eval/accuracy"], max(pool.startup_s.values()), threads)
-                calls = 2 + run_iterations(ctx, start, records, print)
+                calls = 2 + run_iterations(ctx, start, records, lambda line: print(line, flush=True))
                 after = phases.evaluate(run_id, cfg.steps)
                 last = ctx.checkpoint_dir / f"step-{cfg.steps:06d}"
                 final = str(last) if (last / "COMPLETE").exists() else phases.checkpoint(run_id, cfg.steps)

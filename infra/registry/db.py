@@ -62,7 +62,8 @@ def migrate(engine: Engine) -> None:
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    # configparser interpolates '%': escape it (URL-encoded options and passwords contain it)
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":  # two processes migrating at once: one waits for the other
             from sqlalchemy import text
