@@ -57,6 +57,25 @@ def add_run_commands(sub) -> None:
                                   "on the server in PREFECT_API_URL")
     server = sub.add_parser("server", help="run a Prefect server on 127.0.0.1 with forgeflow's settings (foreground)")
     server.add_argument("--port", type=int, default=4200)
+    runs = sub.add_parser("runs", help="runs in the registry").add_subparsers(dest="runs_cmd", required=True)
+    ls = runs.add_parser("ls", help="recent runs")
+    ls.add_argument("--limit", type=int, default=30)
+    ls.add_argument("--json", action="store_true")
+    show = runs.add_parser("show", help="one run: progress, final checkpoint + sha256, workers")
+    show.add_argument("run_id")
+    show.add_argument("--json", action="store_true")
+    lineage = sub.add_parser("lineage", help="checkpoint ← run ← config/dataset chain of a run or checkpoint")
+    lineage.add_argument("ref", help="run id, checkpoint id or checkpoint path")
+    lineage.add_argument("--json", action="store_true")
+    compare = sub.add_parser("compare", help="final/best metrics of runs side by side, overlaid curves PNG")
+    compare.add_argument("run_ids", nargs="+")
+    compare.add_argument("--metric", action="append", default=None,
+                         help="metric key (repeatable; default eval/accuracy and reward/mean)")
+    compare.add_argument("--out", default=None, help="write the overlaid curves to this PNG")
+    compare.add_argument("--json", action="store_true")
+    ui = sub.add_parser("ui", help="start MLflow and Prefect servers on 127.0.0.1 (Ctrl-C stops both)")
+    ui.add_argument("--mlflow-port", type=int, default=5000)
+    ui.add_argument("--prefect-port", type=int, default=4200)
     resume = sub.add_parser("resume", help="continue a grpo run from its latest complete checkpoint")
     resume.add_argument("run_id")
     resume.add_argument("--json", action="store_true")
@@ -120,6 +139,30 @@ def run_command(args, extra: list[str]) -> int:
     return 0
 
 
+def run_report(args) -> int:
+    """The registry reports (`runs ls|show`, `lineage`, `compare`) and `ui`."""
+    from flows import reports as R
+
+    if args.command == "ui":
+        return R.run_ui(args.mlflow_port, args.prefect_port)
+    if args.command == "runs" and args.runs_cmd == "ls":
+        data = R.list_runs(args.limit)
+        text = R.render_table(data, ["run_id", "name", "recipe", "status", "steps", "loss", "sweep_id", "created_at"])
+    elif args.command == "runs":
+        data = R.show_run(args.run_id)
+        text = R.render_run(data)
+    elif args.command == "lineage":
+        data = R.show_lineage(args.ref)
+        text = R.render_lineage(data)
+    else:
+        metrics = args.metric or ["eval/accuracy", "reward/mean"]
+        data = R.compare_runs(args.run_ids, metrics, args.out)
+        cols = ["run_id", "name", "loss"] + [f"{m} {k}" for m in metrics for k in ("final", "best", "points")]
+        text = R.render_table(data["runs"], cols) + (f"\nplot: {data['plot']}" if data.get("plot") else "")
+    print(R.dumps(data) if args.json else text)
+    return 0
+
+
 def run_server(port: int) -> int:
     """`prefect server start` on 127.0.0.1 (state under FORGEFLOW_HOME/prefect); returns its exit status."""
     import subprocess
@@ -173,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_libraries()
-    for noisy in ("httpx", "httpcore"):  # one line per Prefect API request otherwise
+    for noisy in ("httpx", "httpcore", "alembic"):  # one line per Prefect API request otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "data" and args.data_cmd == "make-arith":
@@ -187,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "server":
             return run_server(args.port)
+        if args.command in ("runs", "lineage", "compare", "ui"):
+            return run_report(args)
         if args.command in ("grpo", "sft", "eval", "sweep", "resume"):
             if args.command == "resume" and extra:
                 parser.error(f"resume takes no overrides (the run keeps its recorded config): {' '.join(extra)}")

@@ -13,8 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prefect import flow
 
+from infra.config import load_config
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
+from infra.registry import Sweep, repo, session_scope
+from infra.tracking import Tracker
 
 
 def grid_points(grid: dict[str, list]) -> list[dict]:
@@ -37,10 +40,17 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
                max_concurrency: int = 1, use_deployments: bool = False,
                deployment: str = "grpo/grpo-math") -> dict:
     """Run every grid point (at most max_concurrency at a time), wait for all, compare them."""
-    points = grid_points(grid or {"loss.name": ["grpo", "dapo", "gspo"]})
+    grid = grid or {"loss.name": ["grpo", "dapo", "gspo"]}
+    points = grid_points(grid)
     sweep_id = "sweep-" + new_run_id()
     out = forgeflow_home() / "sweeps" / sweep_id
     out.mkdir(parents=True, exist_ok=True)
+    base_cfg = load_config(config, overrides)
+    tracker = Tracker(base_cfg.tracking.mlflow_uri, base_cfg.tracking.experiment)
+    parent = tracker.start_run(sweep_id, {"grid": grid, "base_overrides": overrides or {}, "config": config},
+                               {"forgeflow.sweep_id": sweep_id, "forgeflow.recipe": "sweep"})
+    with session_scope(base_cfg.tracking.registry_url) as s:
+        repo.create_sweep(s, sweep_id, grid, name=sweep_id).mlflow_run_id = parent
 
     def run_point(point: dict) -> dict:
         merged = {**(overrides or {}), **point}
@@ -48,7 +58,9 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
         if use_deployments:
             from prefect.deployments import run_deployment
 
-            child = run_deployment(deployment, parameters={"overrides": merged, "run_name": name}, timeout=None)
+            child = run_deployment(deployment, timeout=None,
+                                   parameters={"overrides": merged, "run_name": name, "sweep_id": sweep_id,
+                                               "parent_mlflow_run_id": parent})
             if not child.state.is_completed():
                 raise RuntimeError(f"sweep child {name} ended {child.state.name}: see flow run {child.id}")
             # results are not persisted in Prefect; the child's summary is in its run directory
@@ -56,12 +68,19 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
             return json.loads((run_dir(json.loads(index.read_text())["run_id"]) / "summary.json").read_text())
         from flows.grpo import grpo_flow
 
-        return grpo_flow(config=config, overrides=merged, run_name=name)
+        return grpo_flow(config=config, overrides=merged, run_name=name, sweep_id=sweep_id,
+                         parent_mlflow_run_id=parent)
 
-    with ThreadPoolExecutor(max_workers=max(1, max_concurrency)) as ex:
-        # each thread gets a copy of this flow's context, so children are linked to the sweep as its subflows
-        futures = [ex.submit(contextvars.copy_context().run, run_point, p) for p in points]
-        results = [f.result() for f in futures]
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, max_concurrency)) as ex:
+            # each thread gets a copy of this flow's context, so children are linked to the sweep as its subflows
+            futures = [ex.submit(contextvars.copy_context().run, run_point, p) for p in points]
+            results = [f.result() for f in futures]
+    except BaseException:
+        tracker.end_run(parent, "FAILED")
+        with session_scope(base_cfg.tracking.registry_url) as s:
+            s.get(Sweep, sweep_id).status = "failed"
+        raise
     rows = [{"point": point_name(p), **{k: r.get(k) for k in ("run_id", "acc_before", "acc_after", "minutes")}}
             for p, r in zip(points, results)]
     curves = {}
@@ -74,4 +93,9 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
     table = "\n".join(f"{r['point']:<32} {r['acc_before']:.3f} → {r['acc_after']:.3f}  {r['minutes']:.1f} min  "
                       f"{r['run_id']}" for r in rows)
     print(f"sweep {sweep_id}\n{table}\nplot: {png}")
+    tracker.log_artifact(parent, png)
+    tracker.log_artifact(parent, out / "sweep.json")
+    tracker.end_run(parent, "FINISHED")
+    with session_scope(base_cfg.tracking.registry_url) as s:
+        s.get(Sweep, sweep_id).status = "completed"
     return {"sweep_id": sweep_id, "rows": rows, "plot": str(png)}

@@ -1,0 +1,76 @@
+"""MLflow tracking and the registry as the grpo/sft/sweep flows write them; the reporting CLI reads them back."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.grpo import grpo_flow
+from flows.sweep import sweep_flow
+from infra.records import file_sha256
+from infra.registry import repo, session_scope
+from infra.tracking import default_tracking_uri
+
+pytestmark = pytest.mark.integration
+TINY = {"model.path": "tiny:qwen3-micro", "sft.steps": 0, "generator.max_new_tokens": 4, "prompts_per_step": 4,
+        "group_size": 4, "eval.num_prompts": 16, "eval.every": 2, "checkpoint.every": 2, "trainer.lr": 1e-3,
+        "workers.threads": 1, "filter_groups": False}
+CLI = [str(Path(sys.executable).parent / "forgeflow")]
+
+
+def cli_json(*args) -> object:
+    out = subprocess.run([*CLI, *args, "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_sft_then_grpo_run_is_tracked_registered_and_linked():
+    summary = grpo_flow(overrides={**TINY, "steps": 4, "sft.steps": 5, "sft.schedule_steps": 5,
+                                   "sft.batch_size": 16}, run_name="records-e2e")
+    client = MlflowClient(default_tracking_uri())
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["trainer.lr"] == "0.001" and run.data.params["loss.name"] == "grpo"
+    assert run.data.tags["forgeflow.run_id"] == summary["run_id"]
+    assert run.data.tags["prefect.flow_run_id"] == summary["flow_run_id"]
+    assert run.data.tags["forgeflow.code_version"]
+    for key in ("reward/mean", "loss/loss", "loss/grad_norm", "rollout/response_len_mean", "timing/train"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3, 4], key
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [2, 4]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "summary.json", "curves.png"} <= artifacts
+
+    info = cli_json("runs", "show", summary["run_id"])
+    assert info["status"] == "completed" and info["steps_completed"] == 4
+    final = info["final_checkpoint"]
+    assert final["step"] == 4 and final["sha256"] == file_sha256(Path(final["path"]) / "trainer.pt")
+    assert {w["role"] for w in info["workers"]} == {"trainer", "generator", "reward"}
+    assert all(w["state"] == "stopped" for w in info["workers"])
+    chain = cli_json("lineage", summary["run_id"])
+    assert chain[-1]["recipe"] == "sft" and chain[-1]["kind"] == "sft"  # GRPO checkpoint ← … ← SFT checkpoint
+    assert chain[0]["run"] == summary["run_id"]
+
+
+def test_dapo_vs_gspo_sweep_is_nested_in_mlflow_linked_in_registry_and_compared(tmp_path):
+    result = sweep_flow(grid={"loss.name": ["dapo", "gspo"]}, overrides={**TINY, "steps": 3})
+    run_ids = [r["run_id"] for r in result["rows"]]
+    client = MlflowClient(default_tracking_uri())
+    with session_scope() as s:
+        sweep = s.get(repo.Sweep, result["sweep_id"])
+        assert sweep.status == "completed" and sorted(r.id for r in sweep.runs) == sorted(run_ids)
+        mlflow_ids = {r.id: r.mlflow_run_id for r in sweep.runs}
+        parent = sweep.mlflow_run_id
+    for rid in run_ids:
+        child = client.get_run(mlflow_ids[rid])
+        assert child.data.tags["mlflow.parentRunId"] == parent
+        assert len(client.get_metric_history(child.info.run_id, "reward/mean")) >= 3
+    assert {client.get_run(mlflow_ids[r]).data.params["loss.name"] for r in run_ids} == {"dapo", "gspo"}
+    png = tmp_path / "cmp.png"
+    data = cli_json("compare", *run_ids, "--metric", "reward/mean", "--metric", "loss/loss", "--out", str(png))
+    assert [r["loss"] for r in data["runs"]] == ["dapo", "gspo"]
+    assert all(r["reward/mean points"] == 3 for r in data["runs"])
+    assert png.stat().st_size > 10_000
+    text = subprocess.run([*CLI, "runs", "ls"], capture_output=True, text=True, check=True).stdout
+    assert all(rid in text for rid in run_ids) and result["sweep_id"] in text
