@@ -1,7 +1,9 @@
 """Everything a run records, kept consistent: metrics.jsonl in the run directory, the SQL registry and MLflow.
 
-A step is written to all three when it completes; a rollback (recovery or resume) supersedes later steps in the
-registry and drops them from metrics.jsonl, so each step ends up recorded once as completed.
+A step is written to metrics.jsonl and the registry when it completes. MLflow points cannot be retracted, so they are
+sent when the step becomes durable (at each checkpoint and at the end of the run): a rollback (recovery or resume)
+supersedes later steps in the registry, drops them from metrics.jsonl and from the pending MLflow points, so every
+store ends with each step exactly once.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class RunRecords:
         self.registry_url = cfg.tracking.registry_url
         self.tracker = Tracker(cfg.tracking.mlflow_uri, cfg.tracking.experiment)
         self.mlflow_run_id: str | None = None
+        self.pending: list[tuple[int, dict]] = []  # (step, metrics) not yet sent to MLflow
 
     # ---- lifecycle ----
 
@@ -95,6 +98,8 @@ class RunRecords:
         with session_scope(self.registry_url) as s:
             repo.update_run(s, self.run_id, status=status, status_message=message)
             repo.mark_workers(s, self.run_id, "stopped", f"run {status}")
+        if status == "completed":
+            self.flush()
         if self.mlflow_run_id is None:
             return
         for name in ("config.yaml", "summary.json", "curves.png", "eval.json"):
@@ -116,8 +121,14 @@ class RunRecords:
             f.write(json.dumps(row) + "\n")
         with session_scope(self.registry_url) as s:
             repo.record_iteration(s, self.run_id, step, metrics, policy_version=step)
+        self.pending.append((step, metrics))
+
+    def flush(self) -> None:
+        """Send pending steps to MLflow (one batch call per step)."""
         if self.mlflow_run_id:
-            self.tracker.log_step(self.mlflow_run_id, step, metrics)
+            for step, metrics in self.pending:
+                self.tracker.log_step(self.mlflow_run_id, step, metrics)
+        self.pending.clear()
 
     def rollback(self, step: int) -> None:
         """Steps after `step` will be redone: supersede them everywhere."""
@@ -127,6 +138,7 @@ class RunRecords:
             self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         with session_scope(self.registry_url) as s:
             repo.supersede_after(s, self.run_id, step)
+        self.pending = [(k, m) for k, m in self.pending if k <= step]
 
     def rows(self) -> list[dict]:
         if not self.metrics_path.exists():
@@ -140,7 +152,9 @@ class RunRecords:
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
         with session_scope(self.registry_url) as s:
             ck = repo.record_checkpoint(s, self.run_id, step, str(p), file_sha256(main), size, kind)
-            return ck.id
+            ck_id = ck.id
+        self.flush()  # steps up to here can no longer be rolled back
+        return ck_id
 
     def workers(self, pool) -> None:
         """Record the pool's workers (role, job id, host, pid)."""

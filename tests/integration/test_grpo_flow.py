@@ -8,10 +8,13 @@ import threading
 import time
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from flows.grpo import grpo_flow
 from infra.paths import forgeflow_home, run_dir
 from infra.prefect_env import read_task_runs, wait_for_task_runs
+from infra.registry import repo, session_scope
+from infra.tracking import default_tracking_uri
 from workers.protocol import read_rendezvous
 
 pytestmark = pytest.mark.integration
@@ -81,6 +84,12 @@ def test_killed_worker_mid_run_is_recovered_without_gaps(role):
     assert killed, "the worker was never killed: the test did not exercise recovery"
     assert [r["role"] for r in summary["recoveries"]] == [role]
     assert steps_recorded(summary["run_id"]) == [1, 2, 3, 4, 5, 6]
+    with session_scope() as s:  # the registry shows each step once as completed
+        assert repo.completed_steps(s, summary["run_id"]) == [1, 2, 3, 4, 5, 6]
+        rows = [w for w in repo.get_run(s, summary["run_id"]).workers if w.name == f"{role}-0"]
+        assert sorted(w.restarts for w in rows) == [0, 1]  # the lost worker and its replacement
+    history = MlflowClient(default_tracking_uri()).get_metric_history(summary["mlflow_run_id"], "reward/mean")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]  # no gap, no duplicate
     if role == "trainer":  # restored from the latest checkpoint (every 2 steps), later steps redone
         assert summary["recoveries"][0]["trainer_step"] in (2, 4)
 
