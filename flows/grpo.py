@@ -20,6 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.deploy import MAX_FLOW_RUN_ATTEMPTS
+from flows.inprocess import line_for_step
 from forge_core.models import load_model_and_tokenizer
 from infra import components as C
 from infra.config import dump_config, load_config
@@ -31,14 +32,6 @@ from tasks import phases
 from tasks.context import RunContext, register_run, unregister_run
 
 log = logging.getLogger(__name__)
-
-
-def line_for_step(step: int, total: int, m: dict) -> str:
-    """One human line per GRPO step."""
-    acc = f" acc {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""
-    return (f"step {step + 1:>4}/{total} reward {m.get('reward/mean', 0):.3f}{acc} loss {m.get('loss/loss', 0):+.4f} "
-            f"kl {m.get('loss/kl_mean', 0):.4f} len {m.get('rollout/response_len_mean', 0):.1f} "
-            f"{m.get('timing/step', 0):.2f}s")
 
 
 def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> int:
@@ -134,7 +127,7 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             register_run(ctx)
             try:
                 start = restore_latest(ctx)
-                records.rollback(start)
+                records.resume_at(start)
                 before = phases.evaluate(run_id, start)
                 logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
                             before["eval/accuracy"], max(pool.startup_s.values()), threads)

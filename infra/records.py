@@ -140,6 +140,18 @@ class RunRecords:
             repo.supersede_after(s, self.run_id, step)
         self.pending = [(k, m) for k, m in self.pending if k <= step]
 
+    def resume_at(self, step: int) -> None:
+        """The run continues from the checkpoint at `step`: drop later steps, and send MLflow any steps up to `step`
+        it never received (a crash between writing a checkpoint and flushing)."""
+        self.rollback(step)
+        if not self.mlflow_run_id:
+            return
+        sent = max((m.step for m in self.tracker.client.get_metric_history(self.mlflow_run_id, "timing/step")),
+                   default=0)
+        self.pending = [(r["step"], {k: v for k, v in r.items() if k != "step"}) for r in self.rows()
+                        if sent < r["step"] <= step]
+        self.flush()
+
     def rows(self) -> list[dict]:
         if not self.metrics_path.exists():
             return []
