@@ -5,6 +5,7 @@ The flow registers a RunContext when its pool is up; tasks look it up by run id 
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +31,23 @@ class RunContext:
         return self.out / "checkpoints"
 
     def latest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint (a directory with a COMPLETE marker), or None."""
-        done = sorted(p.parent for p in self.checkpoint_dir.glob("step-*/COMPLETE"))
-        return done[-1] if done else None
+        """The newest complete checkpoint whose trainer state still matches the sha256 in its COMPLETE marker;
+        a truncated or corrupted one is skipped (logged) in favour of the previous good one."""
+        return latest_good_checkpoint(self.checkpoint_dir)
+
+
+def latest_good_checkpoint(checkpoint_dir: Path) -> Path | None:
+    from infra.records import file_sha256
+
+    for path in sorted((p.parent for p in checkpoint_dir.glob("step-*/COMPLETE")), reverse=True):
+        marker = json.loads((path / "COMPLETE").read_text())
+        state = path / "trainer.pt"
+        if "sha256" not in marker:
+            return path
+        if state.exists() and file_sha256(state) == marker["sha256"]:
+            return path
+        log.error("checkpoint %s is corrupted or truncated (sha256 mismatch): using the previous one", path)
+    return None
 
 
 _RUNS: dict[str, RunContext] = {}

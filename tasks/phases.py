@@ -12,6 +12,7 @@ from prefect.cache_policies import NONE
 
 from forge_core.recipes.grpo import sample_prompt_indices
 from forge_core.recipes.steps import rollout_metrics, step_seed
+from infra.records import file_sha256
 from tasks.context import get_run
 from tasks.recovery import retry_on_worker_lost
 from workers import remote
@@ -90,7 +91,11 @@ def checkpoint(run_id: str, step: int) -> str:
     ctx = get_run(run_id)
     path = ctx.checkpoint_dir / f"step-{step:06d}"
     ctx.pool.call("trainer", "save_checkpoint", str(path))
-    (path / "COMPLETE").write_text(json.dumps({"step": step}))
+    state = path / "trainer.pt"
+    marker = {"step": step, "sha256": file_sha256(state), "bytes": state.stat().st_size}
+    tmp = path / "COMPLETE.tmp"
+    tmp.write_text(json.dumps(marker))
+    tmp.replace(path / "COMPLETE")  # written last: a checkpoint without it is ignored on resume
     complete = sorted(p.parent for p in ctx.checkpoint_dir.glob("step-*/COMPLETE"))
     for old in complete[: -ctx.cfg.checkpoint.keep]:
         (old / "COMPLETE").unlink()  # first, so a crash mid-delete never leaves a "complete" partial checkpoint

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 from dataclasses import dataclass
 
@@ -152,7 +153,10 @@ class Trainer:
 
         path = Path(path)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(self.state_dict(), tmp)
+        with tmp.open("wb") as f:
+            torch.save(self.state_dict(), f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it visible
         tmp.replace(path)
 
     def load(self, path) -> None:

@@ -95,12 +95,10 @@ def test_killed_worker_mid_run_is_recovered_without_gaps(role):
 
 
 def test_resume_continues_from_the_latest_complete_checkpoint():
-    import shutil
-
     first = grpo_flow(overrides={**TINY, "steps": 4}, run_name="resume-me")
     out = run_dir(first["run_id"])
-    shutil.rmtree(out / "checkpoints" / "step-000004")  # as if the process died before the last checkpoint
-    (out / "checkpoints" / "step-000002" / "hf").mkdir(exist_ok=True)
+    state = out / "checkpoints" / "step-000004" / "trainer.pt"
+    state.write_bytes(state.read_bytes()[:1000])  # truncated on disk: refused, the step-2 checkpoint is used
     partial = out / "checkpoints" / "step-000003"
     partial.mkdir()  # an interrupted checkpoint without COMPLETE must be ignored
     second = grpo_flow(resume=first["run_id"])
