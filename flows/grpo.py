@@ -18,6 +18,7 @@ import time
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from prefect.utilities.annotations import quote
 
 from flows.deploy import MAX_FLOW_RUN_ATTEMPTS
 from flows.inprocess import line_for_step
@@ -35,7 +36,10 @@ log = logging.getLogger(__name__)
 
 
 def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> int:
-    """GRPO steps start..cfg.steps-1 as tasks; returns the number of task calls made."""
+    """GRPO steps start..cfg.steps-1 as tasks; returns the number of task calls made.
+
+    Episode batches go into tasks wrapped in `quote`: Prefect otherwise walks every nested object of a task's
+    arguments looking for futures (~90 ms per call for a 256-episode batch against ~10 ms quoted)."""
     cfg, run_id = ctx.cfg, ctx.run_id
     pipelined = cfg.max_policy_age >= 1
     calls = 0
@@ -48,16 +52,16 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
             pending = None
         else:
             groups, metrics = phases.rollout(run_id, step)
-        groups, reward_metrics = phases.score_rewards(run_id, step, groups)
+        groups, reward_metrics = phases.score_rewards(run_id, step, quote(groups))
         metrics.update(reward_metrics)
         calls += 2
         if C.needs_reference(cfg):
-            groups, ref_metrics = phases.score_reference(run_id, step, groups)
+            groups, ref_metrics = phases.score_reference(run_id, step, quote(groups))
             metrics.update(ref_metrics)
             calls += 1
         if pipelined and step + 1 < cfg.steps:  # sample v+1's batch with weights v while v trains
             pending = phases.rollout.submit(run_id, step + 1)
-        train_metrics = phases.train_step(run_id, step, groups)
+        train_metrics = phases.train_step(run_id, step, quote(groups))
         calls += 1 + (pending is not None)
         if "resume_from" in train_metrics:  # a recovery rolled the trainer back to its last checkpoint
             if pending is not None:
