@@ -105,3 +105,34 @@ def test_resume_continues_from_the_latest_complete_checkpoint():
     assert second["run_id"] == first["run_id"] and second["start_step"] == 2
     assert steps_recorded(first["run_id"]) == [1, 2, 3, 4]
     assert (out / "checkpoints" / "step-000004" / "COMPLETE").exists()
+
+
+@pytest.mark.slurm
+def test_scancelled_generator_job_mid_run_is_recovered(slurm_cluster):
+    import subprocess
+
+    runs_root().mkdir(parents=True, exist_ok=True)
+    existing = {p.name for p in runs_root().iterdir()}
+    cancelled: list[str] = []
+
+    def watch():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            new = sorted(p for p in runs_root().iterdir() if p.name not in existing)
+            metrics = new[-1] / "metrics.jsonl" if new else None
+            if metrics and metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                with session_scope() as s:
+                    jobs = [w.job_id for w in repo.get_run(s, new[-1].name).workers if w.name == "generator-0"]
+                subprocess.run(["scancel", jobs[0]], check=True)
+                cancelled.append(jobs[0])
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    summary = grpo_flow(overrides={**TINY, "steps": 5, "launcher": "slurm", "slurm.cpus_per_task": 1},
+                        run_name="scancel-generator")
+    thread.join(timeout=1)
+    assert cancelled, "the generator job was never cancelled"
+    assert [r["role"] for r in summary["recoveries"]] == ["generator"]
+    assert steps_recorded(summary["run_id"]) == [1, 2, 3, 4, 5]

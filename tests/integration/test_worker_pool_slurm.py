@@ -2,7 +2,6 @@
 
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -12,15 +11,6 @@ from workers.protocol import WorkerLost
 from workers.remote import run_remote_iteration
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
-SETUP = Path(__file__).resolve().parents[2] / "infra" / "slurm" / "setup_cluster.sh"
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    out = subprocess.run([str(SETUP)], capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.fail(f"{SETUP} could not start Slurm (run `make test` as root):\n{out.stdout}\n{out.stderr}")
-    return out.stdout
 
 
 def test_slurm_pool_runs_two_iterations_and_sees_scancel(slurm_cluster, tmp_path):
