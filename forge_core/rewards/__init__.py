@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from forge_core.rewards.math import MathReward, extract_answer, parse_number, parse_target
+from forge_core.rewards.math import DigitMatchReward, MathReward, extract_answer, parse_number, parse_target
 from forge_core.rewards.thinking import OverlongPenalty, ThinkingReward, soft_overlong_punishment
 
 log = logging.getLogger(__name__)
@@ -15,12 +15,13 @@ RewardFn = Callable[[str, str, str], float]
 
 REWARDS: dict[str, Callable[..., RewardFn]] = {
     "math": MathReward,
+    "digits": DigitMatchReward,
     "thinking": ThinkingReward,
     "overlong": OverlongPenalty,
 }
 
 __all__ = [
-    "REWARDS", "CombinedReward", "MathReward", "OverlongPenalty", "RewardScore", "ThinkingReward",
+    "REWARDS", "CombinedReward", "DigitMatchReward", "MathReward", "OverlongPenalty", "RewardScore", "ThinkingReward",
     "build_reward", "extract_answer", "parse_number", "parse_target", "soft_overlong_punishment",
 ]
 

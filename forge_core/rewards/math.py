@@ -115,3 +115,28 @@ class MathReward:
         if got is None:
             return 0.0
         return self.correct_score if numbers_match(got, expected, self.rel_tol, self.abs_tol) else self.format_score
+
+
+class DigitMatchReward:
+    """Partial credit for integer answers: the fraction of digit positions (aligned from the units) that match the
+    target, 0 when the sign differs or no answer is found. A denser signal than exact match on arithmetic: a
+    response that gets the units right but misses a carry earns something. Non-integers score like MathReward."""
+
+    def __init__(self, extractors: tuple[str, ...] | list[str] = EXTRACTORS) -> None:
+        self.exact = MathReward(extractors)
+
+    def __call__(self, prompt: str, response: str, target: str) -> float:
+        expected = parse_target(target)
+        if expected is None:
+            raise ValueError(f"target {target!r} has no number; check the dataset's answer column")
+        span = extract_answer(response, self.exact.extractors)
+        got = parse_number(span) if span is not None else None
+        if got is None:
+            return 0.0
+        if got != int(got) or expected != int(expected):
+            return self.exact(prompt, response, target)
+        if (got < 0) != (expected < 0):
+            return 0.0
+        a, b = str(abs(int(got)))[::-1], str(abs(int(expected)))[::-1]
+        width = max(len(a), len(b))
+        return sum(x == y for x, y in zip(a.ljust(width, "_"), b.ljust(width, "_"))) / width

@@ -96,3 +96,16 @@ def test_reward_config_errors():
         CombinedReward.from_config([{"weight": 1.0}])
     with pytest.raises(ValueError, match="duplicate names"):
         CombinedReward.from_config([{"name": "math"}, {"name": "math"}])
+
+
+def test_digit_match_reward_gives_partial_credit_per_position():
+    from forge_core.rewards import DigitMatchReward, build_reward
+
+    r = build_reward("digits")
+    assert isinstance(r, DigitMatchReward)
+    assert r("Q: 27+35=", "62", "62") == 1.0
+    assert r("Q: 27+35=", "52", "62") == 0.5  # carry missed: units right, tens wrong
+    assert r("Q: 27+75=", "92", "102") == 1 / 3  # missing hundreds digit counts as wrong
+    assert r("Q: 5-9=", "4", "-4") == 0.0  # wrong sign
+    assert r("Q: 1+1=", "no idea", "2") == 0.0
+    assert r("Q:", "2.5", "2.5") == 1.0  # non-integers: exact match
