@@ -24,9 +24,21 @@ from infra.paths import new_run_id, run_dir  # noqa: E402
 from infra.plots import plot_curves  # noqa: E402
 
 LOSSES = ("grpo", "dapo", "gspo", "cispo", "sapo")
-# per-loss settings that differ from the recipe: GSPO's sequence-ratio clip range is tiny by design
-LOSS_OVERRIDES = {"gspo": {"loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
-                  "dapo": {"loss.clip_high": 0.28}, "cispo": {"loss.clip_high": 4.0}}
+# each family with its published clip settings and the recipe's KL coefficient (SAPO has no KL term)
+LOSS_SECTIONS = {
+    "grpo": {"name": "grpo", "clip_low": 0.2, "clip_high": 0.2},
+    "dapo": {"name": "dapo", "clip_low": 0.2, "clip_high": 0.28},
+    "gspo": {"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4},
+    "cispo": {"name": "cispo", "clip_high": 4.0},
+    "sapo": {"name": "sapo"},
+}
+
+
+def loss_section(name: str, beta: float) -> dict:
+    section = dict(LOSS_SECTIONS.get(name, {"name": name}))
+    if name != "sapo":
+        section["beta"] = beta
+    return section
 
 
 def held_out(cfg, model, tok, splits) -> dict:
@@ -55,7 +67,8 @@ def main() -> None:
         print(f"shared SFT checkpoint {sft_path} in {(time.perf_counter() - t0) / 60:.1f} min")
     rows, curves = [], {}
     for name in args.losses.split(","):
-        cfg = load_config(args.config, {"steps": base.steps, "loss.name": name, **LOSS_OVERRIDES.get(name, {})})
+        cfg = load_config(args.config, {"steps": base.steps,
+                                        "loss": loss_section(name, float(base.loss.get("beta", 0.0)))})
         model, tok = load_model_and_tokenizer(sft_path, seed=cfg.seed)
         before = held_out(cfg, model, tok, splits)
         t0 = time.perf_counter()

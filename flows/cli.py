@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_libraries()
-    for noisy in ("httpx", "httpcore", "alembic"):  # one line per Prefect API request otherwise
+    for noisy in ("httpx", "httpcore", "alembic", "mlflow"):  # chatty at INFO (one line per API request…)
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "data" and args.data_cmd == "make-arith":

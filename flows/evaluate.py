@@ -31,7 +31,7 @@ def evaluate_checkpoint(checkpoint: str, config: str, overrides: dict | None) ->
     return {"checkpoint": checkpoint, "num_prompts": len(splits.eval), **metrics}
 
 
-@flow(name="evaluate", log_prints=True, persist_result=False)
+@flow(name="evaluate", persist_result=False)
 def evaluate_flow(checkpoint: str, config: str = "configs/grpo_math_tiny.yaml", overrides: dict | None = None) -> dict:
     """Accuracy of `checkpoint` on the config's held-out split; also written to <checkpoint>/eval.json."""
     path = Path(checkpoint)

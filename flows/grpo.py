@@ -89,7 +89,7 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
     return calls
 
 
-@flow(name="grpo", log_prints=True, persist_result=False)
+@flow(name="grpo", persist_result=False)
 def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | None = None,
               run_name: str | None = None, resume: str | None = None, sweep_id: str | None = None,
               parent_mlflow_run_id: str | None = None) -> dict:
@@ -135,7 +135,7 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
                 before = phases.evaluate(run_id, start)
                 logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
                             before["eval/accuracy"], max(pool.startup_s.values()), threads)
-                calls = 2 + run_iterations(ctx, start, records, lambda line: print(line, flush=True))
+                calls = 2 + run_iterations(ctx, start, records, show_line)
                 after = phases.evaluate(run_id, cfg.steps)
                 last = ctx.checkpoint_dir / f"step-{cfg.steps:06d}"
                 final = str(last) if (last / "COMPLETE").exists() else phases.checkpoint(run_id, cfg.steps)
@@ -162,6 +162,13 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     records.finish("completed", summary)
     return summary
+
+
+def show_line(line: str) -> None:
+    """One progress line per step on the terminal (print is captured by Prefect's log_prints) and in the run log."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    get_run_logger().info(line)
 
 
 def run_id_for_flow_run() -> str:

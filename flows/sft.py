@@ -32,7 +32,7 @@ def sft_train(config: str, overrides: dict | None, out_dir: str) -> str:
     return str(sft_phase(cfg, model, tok, splits, Path(out_dir), show=sys.stderr.isatty()))
 
 
-@flow(name="sft", log_prints=True, persist_result=False)
+@flow(name="sft", persist_result=False)
 def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None = None,
              out_dir: str | None = None, run_name: str | None = None, run_id: str | None = None,
              sweep_id: str | None = None) -> str:

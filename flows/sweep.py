@@ -35,7 +35,7 @@ def point_name(point: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in point.items())
 
 
-@flow(name="grpo-sweep", log_prints=True, persist_result=False)
+@flow(name="grpo-sweep", persist_result=False)
 def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = None, overrides: dict | None = None,
                max_concurrency: int = 1, use_deployments: bool = False,
                deployment: str = "grpo/grpo-math") -> dict:

@@ -24,5 +24,6 @@ class ReferenceWorker(Worker):
     def ref_logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
         """Reference logprobs of every episode's response tokens, shaped like groups → episodes → tokens."""
         self.calls += 1
-        steps.score_reference(self.model, groups, self.pad_id, self.cfg.generator.temperature)
+        steps.score_reference(self.model, groups, self.pad_id, self.cfg.generator.temperature,
+                              micro_batch_size=self.cfg.trainer.micro_batch_size)
         return [[e.ref_logprobs for e in g.episodes] for g in groups]
