@@ -104,6 +104,8 @@ class RunRecords:
             return
         for name in ("config.yaml", "summary.json", "curves.png", "eval.json"):
             self.tracker.log_artifact(self.mlflow_run_id, self.out / name)
+        if summary and summary.get("checkpoint"):
+            self.attach_checkpoint(Path(summary["checkpoint"]))
         if summary:
             self.tracker.log_step(self.mlflow_run_id, self.cfg.steps,
                                   {"final/acc_before": summary.get("acc_before", 0.0),
@@ -111,6 +113,15 @@ class RunRecords:
                                    "final/minutes": summary.get("minutes", 0.0)})
         mlflow_status = {"completed": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED")
         self.tracker.end_run(self.mlflow_run_id, mlflow_status)
+
+    def attach_checkpoint(self, path: Path, max_artifact_mb: float = 50.0) -> None:
+        """The final model as an MLflow artifact when small (HF dir), else by URI tag (big models stay put)."""
+        hf = path / "hf" if (path / "hf").is_dir() else path
+        size_mb = sum(f.stat().st_size for f in hf.rglob("*") if f.is_file()) / 1e6
+        self.tracker.set_tags(self.mlflow_run_id, {"forgeflow.checkpoint_uri": str(path),
+                                                   "forgeflow.checkpoint_mb": f"{size_mb:.1f}"})
+        if size_mb <= max_artifact_mb:
+            self.tracker.log_artifact(self.mlflow_run_id, hf, "checkpoint")
 
     # ---- per step ----
 

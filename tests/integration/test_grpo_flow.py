@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 TINY = {"model.path": "tiny:qwen3-micro", "sft.steps": 0, "generator.max_new_tokens": 4, "prompts_per_step": 4,
         "group_size": 4, "eval.num_prompts": 16, "eval.every": 2, "checkpoint.every": 2, "trainer.lr": 1e-3,
-        "workers.threads": 1, "filter_groups": False}
+        "workers.threads": 1, "filter_groups": False, "loss.beta": 0.0}
 
 
 def steps_recorded(run_id: str) -> list[int]:

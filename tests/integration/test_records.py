@@ -40,13 +40,15 @@ def test_sft_then_grpo_run_is_tracked_registered_and_linked():
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3, 4], key
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [2, 4]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "summary.json", "curves.png"} <= artifacts
+    assert {"config.yaml", "summary.json", "curves.png", "checkpoint"} <= artifacts
+    assert "model.safetensors" in {a.path.split("/")[-1] for a in client.list_artifacts(run.info.run_id, "checkpoint")}
+    assert run.data.tags["forgeflow.checkpoint_uri"] == summary["checkpoint"]
 
     info = cli_json("runs", "show", summary["run_id"])
     assert info["status"] == "completed" and info["steps_completed"] == 4
     final = info["final_checkpoint"]
     assert final["step"] == 4 and final["sha256"] == file_sha256(Path(final["path"]) / "trainer.pt")
-    assert {w["role"] for w in info["workers"]} == {"trainer", "generator", "reward"}
+    assert {w["role"] for w in info["workers"]} == {"trainer", "generator", "reward", "reference"}  # beta 0.04
     assert all(w["state"] == "stopped" for w in info["workers"])
     chain = cli_json("lineage", summary["run_id"])
     assert chain[-1]["recipe"] == "sft" and chain[-1]["kind"] == "sft"  # GRPO checkpoint ← … ← SFT checkpoint
