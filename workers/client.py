@@ -11,7 +11,7 @@ import socket
 import time
 from multiprocessing.connection import Client, Connection
 
-from workers.protocol import Rendezvous, WorkerCallError, WorkerLost, pid_alive
+from workers.protocol import Rendezvous, WorkerCallError, WorkerLost, disable_nagle, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class WorkerClient:
     def connect(self) -> None:
         try:
             self.conn = Client(self.rendezvous.address, authkey=self._authkey)
+            disable_nagle(self.conn)
         except (ConnectionError, OSError, EOFError) as exc:
             raise self._lost(f"cannot connect to {self.rendezvous.host}:{self.rendezvous.port} ({exc})") from exc
 

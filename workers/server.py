@@ -16,7 +16,7 @@ import traceback
 from multiprocessing.connection import AuthenticationError, Connection, Listener
 from pathlib import Path
 
-from workers.protocol import CALLS, Rendezvous, pid_alive, write_rendezvous
+from workers.protocol import CALLS, Rendezvous, disable_nagle, pid_alive, write_rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class WorkerServer:
                 if self.stop.is_set():
                     return
                 raise
+            disable_nagle(conn)
             threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
 
     def _serve_connection(self, conn: Connection) -> None:
