@@ -53,7 +53,7 @@ def main() -> None:
     rows_inproc = grpo_phase(cfg, model, tok, C.build_splits(cfg, tok), show=False)
     results = {"in-process": breakdown(rows_inproc, args.skip)}
     for name, extra in (("flow", {"max_policy_age": 0}),
-                        ("flow pipelined", {"max_policy_age": 1, "workers.threads": 1})):
+                        ("flow pipelined", {"max_policy_age": 1})):
         summary = grpo_flow(config=args.config, overrides={**common, **extra}, run_name=f"bench-overhead-{name}")
         rows = [json.loads(x) for x in (run_dir(summary["run_id"]) / "metrics.jsonl").read_text().splitlines()]
         results[name] = breakdown(rows, args.skip)

@@ -144,16 +144,22 @@ def run_ui(mlflow_port: int = 5000, prefect_port: int = 4200) -> int:
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     from infra.paths import forgeflow_home
 
+    logs = forgeflow_home() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    # server output goes to files: a terminal or pipe nobody reads would block them (and their shutdown)
     procs = [
         subprocess.Popen([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
                           "--backend-store-uri", default_tracking_uri(),
                           "--default-artifact-root", (forgeflow_home() / "mlartifacts").as_uri()],
-                         env=env, start_new_session=True),
+                         env=env, start_new_session=True, stdout=open(logs / "mlflow-server.log", "ab"),
+                         stderr=subprocess.STDOUT),
         subprocess.Popen([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                          str(prefect_port)], env=env, start_new_session=True),
+                          str(prefect_port)], env=env, start_new_session=True,
+                         stdout=open(logs / "prefect-server.log", "ab"), stderr=subprocess.STDOUT),
     ]
     print(f"MLflow:  http://127.0.0.1:{mlflow_port}\nPrefect: http://127.0.0.1:{prefect_port}  "
-          f"(export PREFECT_API_URL=http://127.0.0.1:{prefect_port}/api)\nCtrl-C stops both.", flush=True)
+          f"(export PREFECT_API_URL=http://127.0.0.1:{prefect_port}/api)\nlogs in {logs}; Ctrl-C stops both.",
+          flush=True)
     try:
         while all(p.poll() is None for p in procs):
             time.sleep(1)
@@ -166,7 +172,7 @@ def run_ui(mlflow_port: int = 5000, prefect_port: int = 4200) -> int:
                 os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
             try:
-                p.wait(timeout=20)
+                p.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
 
