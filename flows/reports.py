@@ -134,12 +134,18 @@ def render_lineage(chain: list[dict]) -> str:
         f"run {c['run']} [{c['recipe']}] (no checkpoint yet)") for i, c in enumerate(chain))
 
 
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
 def run_ui(mlflow_port: int = 5000, prefect_port: int = 4200) -> int:
     """Start an MLflow server and a Prefect server on 127.0.0.1; print URLs; Ctrl-C stops both."""
     from infra.prefect_env import configure_prefect
     from infra.tracking import default_tracking_uri
 
     configure_prefect()
+    # `kill` (SIGTERM) stops both servers like Ctrl-C does, instead of orphaning them
+    signal.signal(signal.SIGTERM, _interrupt)
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     from infra.paths import forgeflow_home

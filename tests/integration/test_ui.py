@@ -54,4 +54,8 @@ def test_ui_serves_both_on_localhost_and_stops_on_ctrl_c(tmp_path):
             assert not listening_addresses(port), f"port {port} still served after Ctrl-C"
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.terminate()  # forgeflow ui stops its servers on SIGTERM too
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
