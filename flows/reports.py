@@ -144,8 +144,10 @@ def run_ui(mlflow_port: int = 5000, prefect_port: int = 4200) -> int:
     from infra.tracking import default_tracking_uri
 
     configure_prefect()
-    # `kill` (SIGTERM) stops both servers like Ctrl-C does, instead of orphaning them
+    # Ctrl-C and `kill` stop both servers instead of orphaning them; SIGINT is installed explicitly because a
+    # process started from a background shell job inherits it ignored
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     from infra.paths import forgeflow_home
@@ -178,7 +180,7 @@ def run_ui(mlflow_port: int = 5000, prefect_port: int = 4200) -> int:
                 os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
             try:
-                p.wait(timeout=15)
+                p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
 

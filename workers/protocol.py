@@ -88,7 +88,9 @@ def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
+    except (FileNotFoundError, ProcessLookupError):
+        return False  # exited between the two checks
+    except (IndexError, OSError):
         return True
 
 
