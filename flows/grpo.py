@@ -80,7 +80,9 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
             metrics.update(phases.evaluate(run_id, step + 1))
             calls += 1
         if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-            records.checkpoint(step + 1, phases.checkpoint(run_id, step + 1))
+            saved = phases.checkpoint(run_id, step + 1)
+            if saved:
+                records.checkpoint(step + 1, saved)
             calls += 1
         metrics["timing/step"] = time.perf_counter() - t0
         records.step(step + 1, metrics)

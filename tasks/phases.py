@@ -86,9 +86,12 @@ def evaluate(run_id: str, step: int) -> dict:
 
 
 @task(name="checkpoint", task_run_name="checkpoint-{step}", timeout_seconds=1800, **PHASE)
-def checkpoint(run_id: str, step: int) -> str:
-    """Trainer state + HF weights to checkpoints/step-N; COMPLETE is written last, old ones pruned to `keep`."""
+def checkpoint(run_id: str, step: int) -> str | None:
+    """Trainer state + HF weights to checkpoints/step-N; COMPLETE is written last, old ones pruned to `keep`.
+    None when the trainer is no longer at `step` (rolled back by a recovery; the next train_step notices)."""
     ctx = get_run(run_id)
+    if ctx.pool.call("trainer", "health")["step"] != step:
+        return None  # a recovery rolled the trainer back: never label older weights as this step
     path = ctx.checkpoint_dir / f"step-{step:06d}"
     ctx.pool.call("trainer", "save_checkpoint", str(path))
     state = path / "trainer.pt"
