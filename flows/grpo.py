@@ -141,6 +141,9 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
                 after = phases.evaluate(run_id, cfg.steps)
                 last = ctx.checkpoint_dir / f"step-{cfg.steps:06d}"
                 final = str(last) if (last / "COMPLETE").exists() else phases.checkpoint(run_id, cfg.steps)
+                if final is None:
+                    raise RuntimeError(f"the trainer was lost and rolled back while saving step {cfg.steps}; "
+                                       f"`forgeflow resume {run_id}` redoes the last steps")
                 records.checkpoint(cfg.steps, final, kind="final")
             finally:
                 unregister_run(run_id)
