@@ -70,7 +70,11 @@ class WorkerServer:
                     method, args, kwargs = conn.recv()
                 except (EOFError, OSError):
                     return
-                conn.send(self._dispatch(method, args, kwargs))
+                reply = self._dispatch(method, args, kwargs)
+                try:
+                    conn.send(reply)
+                except OSError:  # the caller went away (timeout, exit): nothing to answer
+                    return
                 if method == "shutdown":
                     self.stop.set()
                     return
