@@ -32,6 +32,7 @@ class WorkerClient:
         self.conn: Connection | None = None
         self.last_health: dict = {}
         self.job_check_s = 5.0
+        self._job_done_takes_force = job is not None and hasattr(job, "done") and _accepts_force(job)
         self._last_forced_check = time.monotonic()
 
     @property
@@ -87,7 +88,7 @@ class WorkerClient:
         force = time.monotonic() - self._last_forced_check > self.job_check_s
         if force:
             self._last_forced_check = time.monotonic()
-        if job.done(force_check=force) if _accepts_force(job) else job.done():
+        if job.done(force_check=force) if self._job_done_takes_force else job.done():
             return f"job {self.job_id} ended (state {getattr(job, 'state', '?')})"
         return None
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from forge_core.losses import get_loss  # noqa: F401  (custom losses resolve through get_loss)
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
 from forge_core.recipes import steps
 from forge_core.training import Trainer
