@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 
@@ -200,6 +201,21 @@ def quiet_libraries() -> None:
         pass
 
 
+INTERRUPTED: list[int] = []
+
+
+def note_interrupt(signum, frame) -> None:
+    """SIGINT handler: remember it, then behave as Python's default (KeyboardInterrupt)."""
+    INTERRUPTED.append(signum)
+    raise KeyboardInterrupt
+
+
+def report_interrupt() -> int:
+    print("forgeflow: interrupted — workers stopped; `forgeflow runs ls` lists the run and "
+          "`forgeflow resume RUN_ID` continues it", file=sys.stderr)
+    return 130
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forgeflow", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -233,12 +249,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("runs", "lineage", "compare", "ui"):
             return run_report(args)
         if args.command in ("grpo", "sft", "eval", "sweep", "resume"):
+            signal.signal(signal.SIGINT, note_interrupt)
             if args.command == "resume" and extra:
                 parser.error(f"resume takes no overrides (the run keeps its recorded config): {' '.join(extra)}")
             return run_command(args, extra)
     except ValueError as exc:
         print(f"forgeflow: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the flow already stopped its workers and marked the run interrupted
+        return report_interrupt()
+    except Exception:
+        if INTERRUPTED:  # Ctrl-C also stopped the embedded Prefect API: its clients fail after our clean-up
+            return report_interrupt()
+        raise
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -148,7 +148,8 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             finally:
                 unregister_run(run_id)
     except KeyboardInterrupt:
-        records.finish("interrupted", message="interrupted (Ctrl-C): `forgeflow resume RUN_ID` continues it")
+        records.finish("interrupted", message=f"interrupted (Ctrl-C): `forgeflow resume {run_id}` continues it")
+        log.warning("run %s interrupted; workers stopped. Continue it with: forgeflow resume %s", run_id, run_id)
         raise
     except BaseException as exc:
         records.finish("failed", message=f"{type(exc).__name__}: {exc}"[:2000])

@@ -43,9 +43,10 @@ def show_run(run_id: str, url: str | None = None) -> dict:
             "steps_completed": len(its), "steps_total": r.config.get("steps"),
             "superseded_attempts": sum(1 for i in r.iterations if i.status == "superseded"),
             "last_metrics": its[-1].metrics if its else {},
-            "final_checkpoint": {"path": final.uri, "sha256": final.sha256, "step": final.step} if final else None,
+            "final_checkpoint": {"path": final.uri, "sha256": final.sha256, "state_sha256": final.state_sha256,
+                                 "step": final.step} if final else None,
             "checkpoints": [{"id": c.id, "step": c.step, "kind": c.kind, "path": c.uri, "sha256": c.sha256,
-                             "bytes": c.size_bytes} for c in cks],
+                             "state_sha256": c.state_sha256, "bytes": c.size_bytes} for c in cks],
             "workers": [{"name": w.name, "role": w.role, "pid": w.pid, "host": w.host, "job_id": w.job_id,
                          "state": w.state, "restarts": w.restarts, "exit_reason": w.exit_reason} for w in r.workers],
         }
@@ -117,7 +118,8 @@ def render_run(info: dict) -> str:
             + (f"  sweep {info['sweep_id']}" if info["sweep_id"] else "")]
     if info["final_checkpoint"]:
         f = info["final_checkpoint"]
-        head.append(f"  final checkpoint step {f['step']}: {f['path']}\n    sha256 {f['sha256']}")
+        head.append(f"  final checkpoint step {f['step']}: {f['path']}\n    sha256 {f['sha256']} (file)"
+                    + (f"\n    state  {f['state_sha256']} (weights, optimizer, RNG)" if f["state_sha256"] else ""))
     if info["last_metrics"]:
         keys = [k for k in ("reward/mean", "eval/accuracy", "loss/loss", "loss/kl_mean", "loss/entropy")
                 if k in info["last_metrics"]]

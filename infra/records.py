@@ -64,6 +64,7 @@ class RunRecords:
         self.tracker = Tracker(cfg.tracking.mlflow_uri, cfg.tracking.experiment)
         self.mlflow_run_id: str | None = None
         self.pending: list[tuple[int, dict]] = []  # (step, metrics) not yet sent to MLflow
+        self.mlflow_through = 0  # MLflow already holds steps 1..this (a resume past a corrupted checkpoint)
 
     # ---- lifecycle ----
 
@@ -138,6 +139,8 @@ class RunRecords:
         """Send pending steps to MLflow (one batch call per step)."""
         if self.mlflow_run_id:
             for step, metrics in self.pending:
+                if step <= self.mlflow_through:  # redone after a rollback below what MLflow has: keep one point
+                    continue
                 self.tracker.log_step(self.mlflow_run_id, step, metrics)
         self.pending.clear()
 
@@ -159,6 +162,12 @@ class RunRecords:
             return
         sent = max((m.step for m in self.tracker.client.get_metric_history(self.mlflow_run_id, "timing/step")),
                    default=0)
+        if sent > step:
+            # the checkpoint after `step` was unusable; MLflow cannot retract points, so steps step+1..sent keep
+            # the values already sent (a redo from the same seed computes the same ones)
+            log.warning("MLflow already has steps up to %d; the redone steps %d..%d are not sent again",
+                        sent, step + 1, sent)
+            self.mlflow_through = sent
         self.pending = [(r["step"], {k: v for k, v in r.items() if k != "step"}) for r in self.rows()
                         if sent < r["step"] <= step]
         self.flush()
@@ -173,8 +182,11 @@ class RunRecords:
         p = Path(path)
         main = p / "trainer.pt" if (p / "trainer.pt").exists() else p / "model.safetensors"
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        marker = p / "COMPLETE"
+        state = json.loads(marker.read_text()).get("state_sha256") if marker.exists() else None
         with session_scope(self.registry_url) as s:
-            ck = repo.record_checkpoint(s, self.run_id, step, str(p), file_sha256(main), size, kind)
+            ck = repo.record_checkpoint(s, self.run_id, step, str(p), file_sha256(main), size, kind,
+                                        state_sha256=state)
             ck_id = ck.id
         self.flush()  # steps up to here can no longer be rolled back
         return ck_id

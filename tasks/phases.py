@@ -95,7 +95,9 @@ def checkpoint(run_id: str, step: int) -> str | None:
     path = ctx.checkpoint_dir / f"step-{step:06d}"
     ctx.pool.call("trainer", "save_checkpoint", str(path))
     state = path / "trainer.pt"
-    marker = {"step": step, "sha256": file_sha256(state), "bytes": state.stat().st_size}
+    meta = json.loads((path / "worker_step.json").read_text())
+    marker = {"step": step, "sha256": file_sha256(state), "bytes": state.stat().st_size,
+              "state_sha256": meta.get("state_sha256")}
     tmp = path / "COMPLETE.tmp"
     tmp.write_text(json.dumps(marker))
     tmp.replace(path / "COMPLETE")  # written last: a checkpoint without it is ignored on resume

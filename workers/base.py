@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from forge_core.seeding import seed_everything
 from infra import components as C
 from infra.config import RunConfig
 
@@ -21,7 +22,7 @@ class Worker:
         self.cfg = cfg
         # several workers share the cores: each sets its own thread count deliberately
         torch.set_num_threads(max(1, threads or cfg.threads or 1))
-        torch.manual_seed(cfg.seed)
+        seed_everything(cfg.seed)
         self.policy_version = 0
         self.step = 0
         self.started = time.time()

@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
 from forge_core.recipes import steps
-from forge_core.training import Trainer
+from forge_core.training import Trainer, state_sha256
+from forge_core.training.trainer import save_atomically
 from forge_core.types import Group
 from infra import components as C
 from infra.config import RunConfig
@@ -77,11 +78,14 @@ class TrainerWorker(Worker):
         if self.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             if self.world == 1:
-                self.trainer.save(out / "trainer.pt")
+                digest = self.trainer.save(out / "trainer.pt")
                 save_model_and_tokenizer(self.trainer.model, self.tokenizer, out / "hf")
             else:
-                torch.save({"model": state, "step": self.trainer.step}, out / "trainer.pt")
-            (out / "worker_step.json").write_text(json.dumps({"step": self.step}))
+                state = {"model": state, "step": self.trainer.step}
+                save_atomically(state, out / "trainer.pt")
+                digest = state_sha256(state)
+            # state_sha256: equal for equal training states (the file's own bytes are not canonical)
+            (out / "worker_step.json").write_text(json.dumps({"step": self.step, "state_sha256": digest}))
         return str(out)
 
     def load_checkpoint(self, path: str) -> int:

@@ -13,6 +13,7 @@ import torch
 
 from forge_core.training.batching import collate
 from forge_core.training.logprobs import sequence_logprobs
+from forge_core.training.state_hash import state_sha256
 
 log = logging.getLogger(__name__)
 
@@ -147,20 +148,36 @@ class Trainer:
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
 
-    def save(self, path) -> None:
-        """Write `state_dict()` atomically to `path`."""
-        from pathlib import Path
-
-        path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        with tmp.open("wb") as f:
-            torch.save(self.state_dict(), f)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the rename makes it visible
-        tmp.replace(path)
+    def save(self, path) -> str:
+        """Write `state_dict()` atomically to `path`; returns its canonical `state_sha256`."""
+        state = self.state_dict()
+        save_atomically(state, path)
+        return state_sha256(state)
 
     def load(self, path) -> None:
         self.load_state_dict(torch.load(path, weights_only=False))
+
+
+def save_atomically(obj, path) -> None:
+    """torch.save to a temporary name, fsync, rename: `path` is either the old file or the complete new one; a
+    failed write (disk full…) removes the partial file and raises."""
+    from pathlib import Path
+
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        with tmp.open("wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it visible
+    except (OSError, RuntimeError) as exc:  # torch reports a full disk as a RuntimeError from its zip writer
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"could not write {path} ({exc}); the previous file is unchanged — free space on "
+                      f"{path.parent} (or point FORGEFLOW_HOME elsewhere) and resume") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
 
 
 def pick(targets: dict, key: str, sl: slice):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import subprocess
 import threading
+import types
 from pathlib import Path
 
 from infra.config import RunConfig
@@ -29,11 +32,30 @@ def slurm_minutes(time_str: str) -> int:
     return int(days) * 1440 + h * 60 + m + (1 if s else 0)
 
 
+def detach_local_jobs_from_terminal() -> None:
+    """Start submitit's local job controllers in their own session.
+
+    Ctrl-C in a terminal signals the whole foreground process group; local workers would die mid-call (with a
+    traceback from each submitit controller) before the controller could stop them in order, mark the run
+    interrupted and keep it resumable. In their own session only the controller gets Ctrl-C; it then shuts the
+    workers down, and a controller that dies outright is noticed by each worker's watchdog. submitit has no option
+    for this, so its module sees a `subprocess` whose Popen starts a new session (nothing else is changed)."""
+    import submitit.local.local as local
+
+    if getattr(local.subprocess, "forgeflow_detached", False):
+        return
+    shim = types.SimpleNamespace(**{k: getattr(subprocess, k) for k in dir(subprocess) if not k.startswith("__")})
+    shim.Popen = functools.partial(subprocess.Popen, start_new_session=True)
+    shim.forgeflow_detached = True
+    local.subprocess = shim
+
+
 def make_executor(cfg: RunConfig, folder: Path, tasks: int = 1, gpus: int = 0, name: str = "forgeflow"):
     """A submitit executor for one worker job with `tasks` ranks."""
     import submitit
 
     if cfg.launcher == "local":
+        detach_local_jobs_from_terminal()
         ex = submitit.LocalExecutor(folder=str(folder))
         ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN, tasks_per_node=tasks, gpus_per_node=gpus)
         return ex

@@ -83,7 +83,8 @@ class Checkpoint(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
     step: Mapped[int] = mapped_column(Integer)
     uri: Mapped[str] = mapped_column(Text)
-    sha256: Mapped[str] = mapped_column(String(64))
+    sha256: Mapped[str] = mapped_column(String(64))  # of the file: integrity, verified on load
+    state_sha256: Mapped[str | None] = mapped_column(String(64))  # of the values: equal states hash equal
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     kind: Mapped[str] = mapped_column(String(20), default="trainer")  # trainer | sft | final
     parent_checkpoint_id: Mapped[int | None] = mapped_column(ForeignKey("checkpoints.id"))

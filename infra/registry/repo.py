@@ -85,14 +85,15 @@ def completed_steps(s: Session, run_id: str) -> list[int]:
 
 
 def record_checkpoint(s: Session, run_id: str, step: int, uri: str, sha256: str, size_bytes: int,
-                      kind: str = "trainer", parent_checkpoint_id: int | None = None) -> Checkpoint:
+                      kind: str = "trainer", parent_checkpoint_id: int | None = None,
+                      state_sha256: str | None = None) -> Checkpoint:
     """Register a checkpoint; its parent defaults to the run's previous checkpoint (or the run's init checkpoint)."""
     if parent_checkpoint_id is None:
         prev = s.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step < step)
                          .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1)).first()
         parent_checkpoint_id = prev.id if prev else get_run(s, run_id).init_checkpoint_id
     ck = Checkpoint(run_id=run_id, step=step, uri=uri, sha256=sha256, size_bytes=size_bytes, kind=kind,
-                    parent_checkpoint_id=parent_checkpoint_id)
+                    parent_checkpoint_id=parent_checkpoint_id, state_sha256=state_sha256)
     s.add(ck)
     s.flush()
     return ck

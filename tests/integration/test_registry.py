@@ -55,6 +55,7 @@ def test_migrations_create_every_table_once(url):
     engine = get_engine(url)
     tables = set(inspect(engine).get_table_names())
     assert {"runs", "iterations", "checkpoints", "workers", "sweeps", "alembic_version"} <= tables
+    assert "state_sha256" in {c["name"] for c in inspect(engine).get_columns("checkpoints")}  # migration 0002
     from infra.registry.db import migrate
 
     migrate(engine)  # idempotent

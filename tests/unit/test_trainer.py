@@ -5,7 +5,8 @@ import torch
 
 from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer
-from forge_core.training import Trainer, TrainerSettings, lr_factor
+from forge_core.training import Trainer, TrainerSettings, lr_factor, state_sha256
+from forge_core.training.trainer import save_atomically
 
 
 def make_batch(tok, seed=0, b=6):
@@ -78,11 +79,12 @@ def test_save_load_round_trip_gives_identical_next_step(tmp_path):
     batches = [make_batch(tok, seed=s) for s in range(3)]
     a.train_step(*batches[0])
     a.train_step(*batches[1])
-    a.save(tmp_path / "state.pt")
+    digest = a.save(tmp_path / "state.pt")
     expected = a.train_step(*batches[2])
     b, _ = fresh("dapo", lr=1e-3, schedule="cosine", total_steps=10, warmup_steps=2)
     b.load(tmp_path / "state.pt")
     assert b.step == 2
+    assert state_sha256(b.state_dict()) == digest  # the loaded state hashes like the saved one
     got = b.train_step(*batches[2])
     assert got == expected
     assert b.metrics["lr"] == a.metrics["lr"]
@@ -109,3 +111,45 @@ def test_lr_schedules():
     assert lr_factor(5, lin) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="needs trainer.total_steps"):
         TrainerSettings(schedule="cosine").validate()
+
+
+def test_state_hash_sees_every_value_and_ignores_file_bytes(tmp_path):
+    import random
+
+    import numpy as np
+
+    state = {"w": torch.arange(6.0).reshape(2, 3), "step": 3, "half": torch.ones(2, dtype=torch.bfloat16),
+             "rng": {"python": random.getstate(), "numpy": np.random.get_state()}, "scalar": torch.tensor(1.5)}
+    digest = state_sha256(state)
+    save_atomically(state, tmp_path / "a.pt")
+    save_atomically(state, tmp_path / "b.pt")
+    # torch.save's bytes differ between writes (serialization id); the state hash does not
+    assert state_sha256(torch.load(tmp_path / "b.pt", weights_only=False)) == digest
+    changed = {**state, "w": state["w"].clone()}
+    changed["w"][1, 2] = torch.nextafter(changed["w"][1, 2], torch.tensor(10.0))  # one ulp
+    assert state_sha256(changed) != digest
+    assert state_sha256({**state, "step": 4}) != digest
+    assert state_sha256({**state, "w": state["w"].T.contiguous()}) != digest  # same bytes, other shape
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 256 KiB tmpfs (needs root, as `make test` runs): writing past it fails with ENOSPC."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_disk_full_while_saving_leaves_the_previous_file(small_disk):
+    path = small_disk / "state.pt"
+    save_atomically({"v": torch.zeros(1000)}, path)
+    before = path.read_bytes()
+    with pytest.raises(OSError, match="previous file is unchanged — free space"):
+        save_atomically({"v": torch.ones(200_000)}, path)  # 800 KB on a 256 KiB disk
+    assert path.read_bytes() == before and sorted(p.name for p in small_disk.iterdir()) == ["state.pt"]
+    assert torch.equal(torch.load(path)["v"], torch.zeros(1000))

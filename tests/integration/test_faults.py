@@ -1,0 +1,136 @@
+"""Fault injection on real runs: kill any process of a run at a step, and the run finishes with final weights
+bitwise-identical to an uninterrupted run of the same config and seed, every record consistent."""
+
+import os
+import signal
+import subprocess
+import threading
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.grpo import grpo_flow
+from flows.reports import show_run
+from infra.paths import run_dir
+from infra.registry import repo, session_scope
+from infra.tracking import default_tracking_uri
+from tests.integration.fault_helpers import (
+    TINY,
+    existing_runs,
+    kill_worker_when,
+    output_of,
+    pid_gone,
+    start_cli_run,
+    steps_recorded,
+    stop_group,
+    wait_for_new_run,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+STEPS = 6
+# the entropy bonus moves the weights at every step, so a step redone wrongly changes the final hash
+RUN = {**TINY, "steps": STEPS, "trainer.entropy_coef": 0.01}
+
+
+@pytest.fixture(scope="module")
+def reference_sha():
+    """sha256 of the final trainer state of the uninterrupted run."""
+    summary = grpo_flow(overrides=RUN, run_name="uninterrupted")
+    info = show_run(summary["run_id"])
+    assert info["final_checkpoint"]["step"] == STEPS
+    assert info["final_checkpoint"]["state_sha256"]
+    return info["final_checkpoint"]["state_sha256"]
+
+
+def assert_records_complete(run_id: str, reference_sha: str) -> dict:
+    """Each step once everywhere; the final state equals the uninterrupted run's."""
+    info = show_run(run_id)
+    assert info["status"] == "completed", info["message"]
+    assert info["final_checkpoint"]["state_sha256"] == reference_sha, "final weights differ from the uninterrupted run"
+    assert steps_recorded(run_id) == list(range(1, STEPS + 1))
+    with session_scope() as s:
+        assert repo.completed_steps(s, run_id) == list(range(1, STEPS + 1))
+    client = MlflowClient(default_tracking_uri())
+    for key in ("reward/mean", "loss/loss"):
+        history = client.get_metric_history(info["mlflow_run_id"], key)
+        assert sorted(m.step for m in history) == list(range(1, STEPS + 1)), key  # no gap, no duplicate
+    return info
+
+
+@pytest.mark.parametrize("role", ["generator", "trainer"])
+def test_killed_worker_run_ends_bitwise_identical(role, reference_sha):
+    killed: list[int] = []
+    watcher = kill_worker_when(role, 3, killed)
+    summary = grpo_flow(overrides=RUN, run_name=f"kill-{role}")
+    watcher.join(timeout=1)
+    assert killed, "the worker was never killed: the test did not exercise recovery"
+    assert [r["role"] for r in summary["recoveries"]] == [role]
+    info = assert_records_complete(summary["run_id"], reference_sha)
+    rows = [w for w in info["workers"] if w["name"] == f"{role}-0"]
+    assert sorted(w["restarts"] for w in rows) == [0, 1]  # the lost worker and its replacement
+    if role == "trainer":  # restored from the latest checkpoint (every 2 steps), later steps redone
+        assert summary["recoveries"][0]["trainer_step"] in (2, 4)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_interrupted_flow_process_resumes_bitwise_identical(sig, reference_sha):
+    existing = existing_runs()
+    proc = start_cli_run(RUN, "--run-name", f"flow-{sig.name}")
+    run = wait_for_new_run(existing, 3, proc)
+    live = show_run(run.name)  # while live, the registry lists the workers an operator could kill
+    pids = [w["pid"] for w in live["workers"] if w["state"] == "running"]
+    assert {w["role"] for w in live["workers"]} == {"generator", "trainer", "reward"} and pids
+    if sig == signal.SIGINT:  # Ctrl-C in a terminal reaches the whole foreground process group
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=300)
+    output = output_of(proc)
+    stop_group(proc)
+    wait_until(lambda: all(pid_gone(p) for p in pids), "every worker of the interrupted run exiting")
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130, output[-12000:]
+        assert f"forgeflow resume {run.name}" in output
+        with session_scope() as s:
+            r = repo.get_run(s, run.name)
+            assert r.status == "interrupted" and f"forgeflow resume {run.name}" in r.status_message
+            assert all(w.state != "running" for w in r.workers)
+    summary = grpo_flow(resume=run.name)
+    assert summary["run_id"] == run.name and summary["start_step"] in (2, 4)
+    assert_records_complete(run.name, reference_sha)
+
+
+def test_corrupted_latest_checkpoint_is_skipped_and_resume_is_identical(reference_sha):
+    first = grpo_flow(overrides=RUN, run_name="resume-me")
+    out = run_dir(first["run_id"])
+    state = out / "checkpoints" / f"step-{STEPS:06d}" / "trainer.pt"
+    state.write_bytes(state.read_bytes()[:1000])  # truncated on disk: refused, the step-4 checkpoint is used
+    partial = out / "checkpoints" / f"step-{STEPS - 1:06d}"
+    partial.mkdir()  # an interrupted checkpoint without COMPLETE must be ignored
+    second = grpo_flow(resume=first["run_id"])
+    assert second["run_id"] == first["run_id"] and second["start_step"] == STEPS - 2
+    assert (out / "checkpoints" / f"step-{STEPS:06d}" / "COMPLETE").exists()
+    assert_records_complete(first["run_id"], reference_sha)
+
+
+@pytest.mark.slurm
+def test_scancelled_generator_job_mid_run_is_recovered(slurm_cluster, reference_sha):
+    existing = existing_runs()
+    cancelled: list[str] = []
+
+    def cancel_generator():
+        run = wait_for_new_run(existing, 2)
+        with session_scope() as s:
+            jobs = [w.job_id for w in repo.get_run(s, run.name).workers if w.name == "generator-0"]
+        subprocess.run(["scancel", jobs[0]], check=True)
+        cancelled.append(jobs[0])
+
+    thread = threading.Thread(target=cancel_generator, daemon=True)
+    thread.start()
+    summary = grpo_flow(overrides={**RUN, "launcher": "slurm", "slurm.cpus_per_task": 1}, run_name="scancel")
+    thread.join(timeout=1)
+    assert cancelled, "the generator job was never cancelled"
+    assert [r["role"] for r in summary["recoveries"]] == ["generator"]
+    assert_records_complete(summary["run_id"], reference_sha)
