@@ -87,6 +87,7 @@ class RefModelConfig:
 @dataclass
 class RewardConfig:
     num_replicas: int = 1  # reward workers, called round-robin
+    timeout_s: float = 10.0  # per episode; longer scores reward.fallback and is counted (0: no limit, in-process)
 
 
 @dataclass
@@ -310,7 +311,44 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
         raise ValueError(f"{where}: dataset.kind {cfg.dataset.kind!r} needs dataset.path")
     if cfg.group_size < 2:
         raise ValueError(f"{where}: group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
+    if cfg.reward.timeout_s < 0:
+        raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
+    check_paths(cfg, where)
+    check_components(cfg, where)
     return cfg
+
+
+def looks_local(path: str) -> bool:
+    """A filesystem path rather than a hub id ('org/name') or a tiny preset."""
+    return path.startswith(("/", "./", "../", "~")) or Path(path).suffix in (".jsonl", ".json", ".parquet")
+
+
+def check_paths(cfg: RunConfig, where: str) -> None:
+    """Missing local files are named before any worker starts."""
+    checks = [("model.path", cfg.model.path), ("sft.init", cfg.sft.init)]
+    if cfg.dataset.kind in ("gsm8k", "math"):
+        checks.append(("dataset.path", cfg.dataset.path))
+    for key, value in checks:
+        if value and looks_local(value) and not Path(value).expanduser().exists():
+            raise ValueError(f"{where}: {key} = {value!r} does not exist; fix the path (relative paths are "
+                             f"resolved from {Path.cwd()})")
+
+
+def check_components(cfg: RunConfig, where: str) -> None:
+    """Build the loss, rewards and trainer settings once here, so a bad hyperparameter fails before any worker."""
+    from forge_core.advantages import ADVANTAGES
+    from forge_core.rewards import CombinedReward
+    from infra import components as C
+
+    try:
+        C.build_loss(cfg)
+        CombinedReward.from_config(cfg.rewards)
+        if cfg.steps > 0:  # an SFT-only config never builds the GRPO trainer
+            C.trainer_settings(cfg).validate()
+        if cfg.advantage["name"] not in ADVANTAGES:
+            raise ValueError(f"unknown advantage.name {cfg.advantage['name']!r}; choose one of {sorted(ADVANTAGES)}")
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
 
 
 def flatten(data: dict, prefix: str = "") -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from forge_core.recipes import steps
 from forge_core.rewards import CombinedReward
+from forge_core.rewards.sandbox import TimeLimitedReward
 from forge_core.types import Group
 from infra.config import RunConfig
 from workers.base import Worker
@@ -14,10 +15,18 @@ class RewardWorker(Worker):
 
     def __init__(self, cfg: RunConfig, store=None, init_path: str | None = None, threads: int | None = None):
         super().__init__(cfg, threads)
-        self.reward = CombinedReward.from_config(cfg.rewards)
+        limit = cfg.reward.timeout_s
+        self.reward = TimeLimitedReward(cfg.rewards, limit) if limit > 0 else CombinedReward.from_config(cfg.rewards)
 
     def score(self, groups: list[Group]) -> tuple[list[list[tuple[float, dict]]], dict[str, float]]:
-        """Per-episode (reward, breakdown) for each group, and the reward/* metrics."""
+        """Per-episode (reward, breakdown) for each group, and the reward/* metrics (incl. reward/timeouts)."""
         self.calls += 1
+        before = getattr(self.reward, "timeouts", 0)
         metrics = steps.score_rewards(groups, self.reward)
+        metrics["reward/timeouts"] = float(getattr(self.reward, "timeouts", 0) - before)
         return [[(e.reward, e.reward_breakdown) for e in g.episodes] for g in groups], metrics
+
+    def shutdown(self) -> bool:
+        if isinstance(self.reward, TimeLimitedReward):
+            self.reward.close()
+        return True

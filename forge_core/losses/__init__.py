@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 from torch import nn
 
+from forge_core.imports import import_object
 from forge_core.losses.base import PolicyLoss
 from forge_core.losses.cispo import CISPOLoss
 from forge_core.losses.dapo import DAPOLoss
@@ -30,21 +30,6 @@ LOSSES: dict[str, Callable[..., nn.Module]] = {
 }
 
 __all__ = ["LOSSES", "PolicyLoss", "get_loss", "import_object"] + [c.__name__ for c in LOSSES.values()]
-
-
-def import_object(path: str, what: str):
-    """Import `module.path:attr`; raise ValueError naming the path and the problem."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"{what} {path!r} must be a registered name or 'module.path:Name'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{what} {path!r}: cannot import module {module_name!r} ({exc}); is it on PYTHONPATH?") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError as exc:
-        raise ValueError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}") from exc
 
 
 def get_loss(name: str, **hyperparams) -> nn.Module:

@@ -31,7 +31,7 @@ def build_reward(name: str, **kwargs) -> RewardFn:
     if name in REWARDS:
         return REWARDS[name](**kwargs)
     if ":" in name:
-        from forge_core.losses import import_object
+        from forge_core.imports import import_object
 
         obj = import_object(name, "rewards[].name")
         fn = obj(**kwargs) if isinstance(obj, type) else obj

@@ -1,6 +1,7 @@
 """Fault injection on real runs: kill any process of a run at a step, and the run finishes with final weights
 bitwise-identical to an uninterrupted run of the same config and seed, every record consistent."""
 
+import json
 import os
 import signal
 import subprocess
@@ -134,3 +135,16 @@ def test_scancelled_generator_job_mid_run_is_recovered(slurm_cluster, reference_
     assert cancelled, "the generator job was never cancelled"
     assert [r["role"] for r in summary["recoveries"]] == ["generator"]
     assert_records_complete(summary["run_id"], reference_sha)
+
+
+def test_hanging_and_raising_rewards_are_counted_and_the_run_completes():
+    rewards = [{"name": "math", "weight": 1.0},
+               {"name": "tests.unit.reward_examples:hangs_on_some_prompts", "key": "slow", "weight": 0.0},
+               {"name": "tests.unit.reward_examples:raises_on_boom", "key": "flaky", "weight": 0.0}]
+    summary = grpo_flow(overrides={**TINY, "steps": 2, "rewards": rewards, "reward.timeout_s": 0.3},
+                        run_name="bad-rewards")
+    rows = [json.loads(line) for line in (run_dir(summary["run_id"]) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert sum(r["reward/timeouts"] for r in rows) > 0  # each hung episode scored the fallback, counted
+    assert all(r["reward/errors"] >= r["reward/timeouts"] for r in rows)
+    assert show_run(summary["run_id"])["status"] == "completed"

@@ -54,6 +54,27 @@ def test_bad_values_are_named(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+def test_bad_components_and_missing_files_fail_at_load(tmp_path):
+    with pytest.raises(ValueError, match="defaults \\+ overrides: .*clip_low"):
+        load_config(None, {"loss.name": "dapo", "loss.clip_low": -0.1})
+    with pytest.raises(ValueError, match="unknown reward 'maths'"):
+        load_config(None, {"rewards": [{"name": "maths"}]})
+    with pytest.raises(ValueError, match="unknown advantage.name 'gpro'"):
+        load_config(None, {"advantage.name": "gpro"})
+    with pytest.raises(ValueError, match="generator.max_new_tokens must be >= 1"):
+        load_config(None, {"generator.max_new_tokens": 0})
+    with pytest.raises(ValueError, match="trainer.lr must be > 0"):
+        load_config(None, {"trainer.lr": 0})
+    with pytest.raises(ValueError, match="reward.timeout_s must be >= 0"):
+        load_config(None, {"reward.timeout_s": -1})
+    missing = tmp_path / "gsm8k.jsonl"
+    with pytest.raises(ValueError, match=f"dataset.path = '{missing}' does not exist"):
+        load_config(None, {"dataset.kind": "gsm8k", "dataset.path": str(missing)})
+    with pytest.raises(ValueError, match="sft.init = './nowhere/ckpt' does not exist"):
+        load_config(None, {"sft.init": "./nowhere/ckpt"})
+    load_config(None, {"model.path": "Qwen/Qwen3-1.7B"})  # a hub id is not checked on disk
+
+
 def test_parse_overrides_errors():
     with pytest.raises(ValueError, match="has no value"):
         parse_overrides(["--trainer.lr"])

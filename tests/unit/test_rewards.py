@@ -109,3 +109,30 @@ def test_digit_match_reward_gives_partial_credit_per_position():
     assert r("Q: 5-9=", "4", "-4") == 0.0  # wrong sign
     assert r("Q: 1+1=", "no idea", "2") == 0.0
     assert r("Q:", "2.5", "2.5") == 1.0  # non-integers: exact match
+
+
+def test_hanging_reward_times_out_scores_fallback_and_scoring_goes_on():
+    from forge_core.rewards.sandbox import TimeLimitedReward
+
+    entries = [{"name": "tests.unit.reward_examples:hangs_on_loop", "key": "slow", "weight": 2.0},
+               {"name": "tests.unit.reward_examples:raises_on_boom", "key": "flaky"}]
+    reward = TimeLimitedReward(entries, timeout_s=0.5, fallback=0.0)
+    try:
+        ok = reward.score("q", "fine", "1")
+        assert ok.total == 2.5 and ok.breakdown == {"slow": 1.0, "flaky": 0.5} and not ok.errors
+        hung = reward.score("q", "loop forever", "1")
+        assert hung.total == 0.0 and hung.errors == ["timeout"] and reward.timeouts == 1
+        raised = reward.score("q", "boom", "1")  # the restarted scorer still works; a raising reward is counted
+        assert raised.total == 2.0 and raised.errors == ["flaky"]
+    finally:
+        reward.close()
+    assert reward.proc is None
+
+
+def test_time_limited_reward_rejects_bad_settings():
+    from forge_core.rewards.sandbox import TimeLimitedReward
+
+    with pytest.raises(ValueError, match="reward.timeout_s must be > 0"):
+        TimeLimitedReward([{"name": "math"}], timeout_s=0)
+    with pytest.raises(ValueError, match="unknown reward 'maths'"):
+        TimeLimitedReward([{"name": "maths"}], timeout_s=1)
