@@ -104,6 +104,10 @@ def run_command(args, extra: list[str]) -> int:
     import json
 
     overrides = parse_overrides(extra)
+    if args.command in ("grpo", "sft", "eval", "sweep"):
+        from infra.config import load_config
+
+        load_config(args.config, overrides)  # a bad config fails here, before Prefect or any worker starts
     if args.command == "grpo" and args.in_process:
         from flows.inprocess import run_main_job
         from infra.config import load_config
@@ -114,6 +118,9 @@ def run_command(args, extra: list[str]) -> int:
         from infra.prefect_env import wait_for_task_runs
 
         if args.command == "resume":
+            from flows.grpo import check_resumable
+
+            check_resumable(args.run_id)  # before the embedded Prefect API starts
             summary = grpo_flow(resume=args.run_id)
         else:
             summary = grpo_flow(config=args.config, overrides=overrides or None, run_name=args.run_name)

@@ -102,11 +102,11 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
     if (flow_run.run_count or 1) > MAX_FLOW_RUN_ATTEMPTS:
         raise RuntimeError(f"flow run {flow_run.id} is on attempt {flow_run.run_count}; forgeflow stops after "
                            f"{MAX_FLOW_RUN_ATTEMPTS} (see its earlier crashes); `forgeflow resume RUN_ID` continues it")
+    if resume:
+        check_resumable(resume)
     run_id = resume or run_id_for_flow_run()
     resume = resume or (run_id if (run_dir(run_id) / "config.yaml").exists() else None)
     out = run_dir(run_id)
-    if resume and not (out / "config.yaml").exists():
-        raise ValueError(f"resume={resume!r}: no run directory {out}; list runs under {out.parent}")
     if resume:  # the resumed run keeps its recorded config (overrides on resume are not allowed to change it)
         cfg = load_config(out / "config.yaml")
     else:
@@ -175,6 +175,14 @@ def show_line(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
     get_run_logger().info(line)
+
+
+def check_resumable(run_id: str) -> None:
+    """A clear error (before anything starts) when `run_id` names no grpo run directory."""
+    runs = forgeflow_home() / "runs"
+    if not (runs / run_id / "config.yaml").exists():
+        raise ValueError(f"cannot resume {run_id!r}: no run directory with a config.yaml under {runs}; "
+                         "`forgeflow runs ls` lists the runs (FORGEFLOW_HOME selects the state directory)")
 
 
 def run_id_for_flow_run() -> str:

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import create_engine, event
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,7 +33,15 @@ def get_engine(url: str | None = None) -> Engine:
     with _LOCK:
         if url not in _ENGINES:
             engine = _make_engine(url)
-            migrate(engine)
+            try:
+                migrate(engine)
+            except OperationalError as exc:
+                shown = engine.url.render_as_string(hide_password=True)
+                reason = str(exc.orig or exc).strip().splitlines()[0][:300]
+                raise ValueError(f"the run registry at {shown} is unreachable ({reason}); start the database "
+                                 "(PostgreSQL: infra/postgres/start_postgres.sh) or set tracking.registry_url / "
+                                 "FORGEFLOW_REGISTRY_URL to a reachable one (default: SQLite under FORGEFLOW_HOME)"
+                                 ) from exc
             _ENGINES[url] = engine
         return _ENGINES[url]
 
@@ -50,8 +59,11 @@ def _make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    if url.startswith("postgresql") and "+" not in url.split("://")[0]:
-        url = url.replace("postgresql://", "postgresql+psycopg://", 1)
+    if url.startswith("postgresql"):
+        if "+" not in url.split("://")[0]:
+            url = url.replace("postgresql://", "postgresql+psycopg://", 1)
+        # fail within seconds, not minutes, when the server is down
+        return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 10})
     return create_engine(url, pool_pre_ping=True)
 
 

@@ -31,6 +31,18 @@ def flatten(data: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def check_server(uri: str, timeout_s: float = 10.0) -> None:
+    """Fail at once with the fix when an MLflow server does not answer (its client would retry for minutes)."""
+    import httpx
+
+    try:
+        httpx.get(uri.rstrip("/") + "/health", timeout=timeout_s).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ValueError(f"the MLflow tracking server at {uri} is unreachable ({exc}); start it (`forgeflow ui` or "
+                         "`mlflow server`), or unset tracking.mlflow_uri / MLFLOW_TRACKING_URI to record to the "
+                         "local SQLite store under FORGEFLOW_HOME") from exc
+
+
 class Tracker:
     """Thin wrapper over MlflowClient bound to one experiment (explicit run ids: safe from any thread)."""
 
@@ -40,6 +52,8 @@ class Tracker:
         from infra.paths import forgeflow_home
 
         self.uri = uri or default_tracking_uri()
+        if self.uri.startswith(("http://", "https://")):
+            check_server(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
         name = experiment or "forgeflow"
         exp = self.client.get_experiment_by_name(name)

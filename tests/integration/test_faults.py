@@ -5,7 +5,9 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -15,12 +17,14 @@ from flows.reports import show_run
 from infra.paths import run_dir
 from infra.registry import repo, session_scope
 from infra.tracking import default_tracking_uri
+from tasks.context import latest_good_checkpoint
 from tests.integration.fault_helpers import (
     TINY,
     existing_runs,
     kill_worker_when,
     output_of,
     pid_gone,
+    runs_root,
     start_cli_run,
     steps_recorded,
     stop_group,
@@ -148,3 +152,45 @@ def test_hanging_and_raising_rewards_are_counted_and_the_run_completes():
     assert sum(r["reward/timeouts"] for r in rows) > 0  # each hung episode scored the fallback, counted
     assert all(r["reward/errors"] >= r["reward/timeouts"] for r in rows)
     assert show_run(summary["run_id"])["status"] == "completed"
+
+
+def test_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint():
+    overrides = {**TINY, "steps": 4, "loss": {"name": "tests.unit.custom_loss_example:NaNAtCallLoss", "at": 3}}
+    existing = existing_runs()
+    with pytest.raises(Exception, match="non-finite loss"):
+        grpo_flow(overrides=overrides, run_name="diverges")
+    (run,) = [p for p in runs_root().iterdir() if p.name not in existing]
+    info = show_run(run.name)
+    assert info["status"] == "failed" and "non-finite loss" in info["message"] and "at step 2" in info["message"]
+    assert steps_recorded(run.name) == [1, 2] and info["steps_completed"] == 2
+    assert latest_good_checkpoint(run / "checkpoints") == run / "checkpoints" / "step-000002"  # intact, verified
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("tracking.registry_url", "postgresql://forgeflow:secret@127.0.0.1:9/registry", "run registry at .* unreachable"),
+    ("tracking.mlflow_uri", "http://127.0.0.1:9", "MLflow tracking server at http://127.0.0.1:9 is unreachable"),
+])
+def test_unreachable_registry_or_mlflow_fails_before_any_worker_starts(key, value, message):
+    existing = existing_runs()
+    with pytest.raises(ValueError, match=message) as err:
+        grpo_flow(overrides={**TINY, "steps": 2, key: value})
+    assert "secret" not in str(err.value)  # the password is never shown
+    for run in (p for p in runs_root().iterdir() if p.name not in existing):
+        assert not (run / "workers").exists()  # no worker was started
+
+
+@pytest.mark.parametrize("args,message", [
+    (["resume", "no-such-run"], "cannot resume 'no-such-run': no run directory"),
+    (["runs", "show", "no-such-run", "--json"], "no run 'no-such-run' in the registry"),
+    (["lineage", "no-such-run"], "no run 'no-such-run' in the registry"),
+    (["compare", "no-such-run"], "no run 'no-such-run' in the registry"),
+    (["grpo", "--config", "configs/missing.yaml"], "config file configs/missing.yaml does not exist"),
+    (["grpo", "--trainer.lrr", "1e-5"], "unknown key 'trainer.lrr'; did you mean 'lr'"),
+    (["grpo", "--group_size", "1"], "group_size must be >= 2"),
+])
+def test_cli_errors_name_the_problem_without_a_traceback(args, message):
+    out = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert message in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert not (runs_root() / "no-such-run").exists()  # a bad id creates nothing

@@ -16,3 +16,18 @@ class ScaledReinforceLoss(nn.Module):
         loss = -(self.scale * adv * torch.where(mask, logprobs, 0.0)).sum() / mask.sum().clamp(min=1)
         self.metrics = {"scale": self.scale}
         return loss
+
+
+class NaNAtCallLoss(ScaledReinforceLoss):
+    """Returns NaN from its `at`-th call on (one call per step with one micro-batch): a diverging run."""
+
+    calls = 0
+
+    def __init__(self, at: int = 3):
+        super().__init__()
+        self.at = at
+
+    def forward(self, *args, **kwargs):
+        NaNAtCallLoss.calls += 1
+        loss = super().forward(*args, **kwargs)
+        return loss * float("nan") if NaNAtCallLoss.calls >= self.at else loss
