@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -386,6 +387,22 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list
 def config_from_dict(data: dict, where: str = "config dict") -> RunConfig:
     """RunConfig from a plain nested dict (e.g. one written by config_to_dict), validated."""
     return validate(from_dict(RunConfig, data, where), where)
+
+
+URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][\w+.-]*://[^:/@\s]+:)[^@\s]+(?P<at>@)")
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy with passwords in URLs (scheme://user:PASSWORD@host) replaced by ***: what MLflow and the registry
+    record. The run directory's own config.yaml keeps the real values (resume needs them); prefer environment
+    variables (FORGEFLOW_REGISTRY_URL, MLFLOW_TRACKING_URI) for credentials."""
+    if isinstance(value, dict):
+        return {k: redact_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_secrets(v) for v in value]
+    if isinstance(value, str):
+        return URL_PASSWORD.sub(r"\g<head>***\g<at>", value)
+    return value
 
 
 def config_to_dict(cfg: RunConfig) -> dict:

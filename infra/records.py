@@ -14,7 +14,9 @@ import logging
 import subprocess
 from pathlib import Path
 
-from infra.config import RunConfig, config_to_dict
+import yaml
+
+from infra.config import RunConfig, config_to_dict, redact_secrets
 from infra.registry import repo, session_scope
 from infra.tracking import Tracker
 
@@ -72,7 +74,7 @@ class RunRecords:
               sweep_id: str | None = None, parent_mlflow_run_id: str | None = None,
               parent_run_id: str | None = None) -> None:
         """Register the run (or reopen it on resume) and open its MLflow run."""
-        config = config_to_dict(self.cfg)
+        config = redact_secrets(config_to_dict(self.cfg))
         with session_scope(self.registry_url) as s:
             existing = s.get(repo.Run, self.run_id)
             if existing is not None:  # resume: same registry run and MLflow run
@@ -103,7 +105,11 @@ class RunRecords:
             self.flush()
         if self.mlflow_run_id is None:
             return
-        for name in ("config.yaml", "summary.json", "curves.png", "eval.json"):
+        redacted = self.out / "artifacts" / "config.yaml"  # the run's config.yaml keeps what resume needs
+        redacted.parent.mkdir(exist_ok=True)
+        redacted.write_text(yaml.safe_dump(redact_secrets(config_to_dict(self.cfg)), sort_keys=False))
+        self.tracker.log_artifact(self.mlflow_run_id, redacted)
+        for name in ("summary.json", "curves.png", "eval.json"):
             self.tracker.log_artifact(self.mlflow_run_id, self.out / name)
         if summary and summary.get("checkpoint"):
             self.attach_checkpoint(Path(summary["checkpoint"]))

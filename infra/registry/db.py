@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)

@@ -84,3 +84,14 @@ def test_parse_overrides_errors():
 
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": [1]}) == {"a.b": 1, "a.c.d": 2, "e": [1]}
+
+
+def test_passwords_in_urls_are_redacted_for_records():
+    from infra.config import redact_secrets
+
+    cfg = {"tracking": {"registry_url": "postgresql+psycopg://forge:s3cr%40t@db:5432/reg",
+                        "mlflow_uri": "http://127.0.0.1:5000"}, "rewards": [{"name": "math"}], "seed": 3}
+    out = redact_secrets(cfg)
+    assert out["tracking"]["registry_url"] == "postgresql+psycopg://forge:***@db:5432/reg"
+    assert out["tracking"]["mlflow_uri"] == "http://127.0.0.1:5000" and out["seed"] == 3
+    assert cfg["tracking"]["registry_url"].endswith("s3cr%40t@db:5432/reg")  # the original is untouched
