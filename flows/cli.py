@@ -44,6 +44,11 @@ def add_run_commands(sub) -> None:
         p.add_argument("--config", default=DEFAULT_CONFIG[name], help="YAML recipe (default: %(default)s)")
         p.add_argument("--run-name", default=None)
         p.add_argument("--json", action="store_true", help="print the summary as JSON")
+        if name in ("grpo", "sft"):
+            p.add_argument("--dry-run", action="store_true",
+                           help="validate the config and print the worker layout (jobs, nodes, GPUs); start nothing")
+            p.add_argument("--sbatch", metavar="PATH", default=None,
+                           help="with --dry-run: also write the equivalent SLURM batch script to PATH")
         if name == "grpo":
             p.add_argument("--in-process", action="store_true",
                            help="no Prefect, no workers: the whole recipe in this process (debugging)")
@@ -107,7 +112,9 @@ def run_command(args, extra: list[str]) -> int:
     if args.command in ("grpo", "sft", "eval", "sweep"):
         from infra.config import load_config
 
-        load_config(args.config, overrides)  # a bad config fails here, before Prefect or any worker starts
+        cfg = load_config(args.config, overrides)  # a bad config fails here, before Prefect or any worker starts
+        if getattr(args, "dry_run", False):
+            return print_plan(args, cfg, extra)
     if args.command == "grpo" and args.in_process:
         from flows.inprocess import run_main_job
         from infra.config import load_config
@@ -144,6 +151,28 @@ def run_command(args, extra: list[str]) -> int:
         from flows.inprocess import result_line
 
         print(result_line(summary))
+    return 0
+
+
+def print_plan(args, cfg, extra: list[str]) -> int:
+    """--dry-run: the validated recipe's worker layout (and optionally its sbatch script); nothing is started."""
+    from pathlib import Path
+
+    from infra import components as C
+    from infra.launcher.plan import check_capacity, plan_jobs, render_plan, sbatch_script
+
+    if args.command == "sft":
+        print(f"plan for {args.config}: SFT {cfg.sft.steps} steps of {cfg.model.path} ({cfg.model.dtype}), batch "
+              f"{cfg.sft.batch_size}, lr {cfg.sft.lr}, dataset {cfg.dataset.kind} — one trainer process (the flow's "
+              "own), no workers")
+    else:
+        jobs = plan_jobs(cfg, C.needs_reference(cfg))
+        print(render_plan(cfg, jobs, args.config))
+        check_capacity(cfg, jobs)
+    if args.sbatch:
+        Path(args.sbatch).write_text(sbatch_script(cfg, args.config, extra))
+        print(f"sbatch script: {args.sbatch} (submit with: sbatch {args.sbatch})")
+    print("dry run: nothing started")
     return 0
 
 

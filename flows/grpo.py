@@ -74,9 +74,11 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
         metrics.update(train_metrics)
         if pending is not None:
             pending.wait()  # the generator's connection serves one call at a time
-        metrics.update(phases.sync_weights(run_id, step + 1))
-        calls += 1
-        if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+        evaluating = bool(cfg.eval.every and (step + 1) % cfg.eval.every == 0)
+        if (step + 1) % cfg.weightsync.sync_every == 0 or evaluating or step + 1 == cfg.steps:
+            metrics.update(phases.sync_weights(run_id, step + 1))
+            calls += 1
+        if evaluating:
             metrics.update(phases.evaluate(run_id, step + 1))
             calls += 1
         if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:

@@ -65,3 +65,9 @@ def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None 
     records.finish("completed")
     print(f"SFT checkpoint {path} after {cfg.sft.steps} steps in {(time.perf_counter() - t0) / 60:.1f} min")
     return path
+
+
+if __name__ == "__main__":
+    from flows.cli import main
+
+    sys.exit(main(["sft", *sys.argv[1:]]))

@@ -96,6 +96,7 @@ class WeightSyncConfig:
     backend: str = "fs"  # fs | torchstore
     root: str | None = None  # null = /dev/shm/forgeflow-<run_id> (one node); a shared path for several nodes
     keep: int = 2
+    sync_every: int = 1  # publish to the generators every N steps (> 1 needs max_policy_age >= N - 1)
 
 
 @dataclass
@@ -104,6 +105,7 @@ class WorkersConfig:
     start_timeout_s: float = 600.0
     call_timeout_s: float = 900.0
     heartbeat_stale_s: float = 60.0  # a worker exits when the controller's heartbeat is older than this
+    gpus: int = 0  # local launcher: GPUs of this machine handed out to workers (0 = all on CPU)
 
 
 @dataclass
@@ -183,7 +185,8 @@ CHOICES = {
 }
 POSITIVE = ("prompts_per_step", "group_size", "generator.max_new_tokens", "trainer.micro_batch_size",
             "generator.procs", "generator.num_replicas", "trainer.procs", "eval.num_prompts",
-            "ref_model.procs", "reward.num_replicas", "workers.threads", "weightsync.keep")
+            "ref_model.procs", "reward.num_replicas", "workers.threads", "weightsync.keep",
+            "weightsync.sync_every", "slurm.nodes")
 
 
 def suggest(key: str, options) -> str:
@@ -314,6 +317,13 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
         raise ValueError(f"{where}: group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
     if cfg.reward.timeout_s < 0:
         raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
+    if cfg.generator.backend == "vllm" and cfg.weightsync.backend != "fs":
+        raise ValueError(f"{where}: generator.backend vllm reads weights from files: set weightsync.backend: fs "
+                         "(weightsync.root on a filesystem the generator nodes share)")
+    if cfg.weightsync.sync_every > cfg.max_policy_age + 1:
+        raise ValueError(f"{where}: weightsync.sync_every = {cfg.weightsync.sync_every} lets rollouts lag up to "
+                         f"{cfg.weightsync.sync_every - 1} versions behind; set max_policy_age >= "
+                         f"{cfg.weightsync.sync_every - 1} to accept that (the loss corrects with behaviour logprobs)")
     check_paths(cfg, where)
     check_components(cfg, where)
     return cfg

@@ -22,11 +22,15 @@ class GeneratorWorker(Worker):
 
     def __init__(self, cfg: RunConfig, store=None, init_path: str | None = None, threads: int | None = None):
         super().__init__(cfg, threads)
-        if cfg.generator.backend != "torch":
-            raise ValueError(f"generator.backend={cfg.generator.backend!r} is not available in this worker; "
-                             "use generator.backend: torch")
-        model, tok = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed, dtype=dtype_of(cfg))
-        self.generator = TorchGenerator(model.eval(), tok, C.sampling_params(cfg))
+        if cfg.generator.backend == "vllm":
+            from forge_core.generation.vllm_generator import VLLMGenerator
+
+            self.generator = VLLMGenerator.from_pretrained(model_source(cfg, init_path), C.sampling_params(cfg),
+                                                           tensor_parallel_size=cfg.generator.procs,
+                                                           dtype=cfg.model.dtype, seed=cfg.seed)
+        else:
+            model, tok = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed, dtype=dtype_of(cfg))
+            self.generator = TorchGenerator(model.eval(), tok, C.sampling_params(cfg))
         self.store = store
 
     def rollout(self, problems: Sequence[Problem], prompts: Sequence[str], group_size: int, seed: int) -> list[Group]:
@@ -49,7 +53,11 @@ class GeneratorWorker(Worker):
         """Fetch `version` (None = latest) from the weight store and sample from it; returns the version."""
         if self.store is None:
             raise ValueError("generator worker has no weight store: start it through WorkerPool")
-        version, state = self.store.fetch(version)
-        self.generator.load_state_dict(state, version)
+        if hasattr(self.generator, "load_weights_file"):  # vLLM: its workers read the file themselves
+            version = self.store.latest() if version is None else version
+            self.generator.load_weights_file(self.store.path_for(version), version)
+        else:
+            version, state = self.store.fetch(version)
+            self.generator.load_state_dict(state, version)
         self.policy_version = version
         return version

@@ -50,19 +50,23 @@ def detach_local_jobs_from_terminal() -> None:
     local.subprocess = shim
 
 
-def make_executor(cfg: RunConfig, folder: Path, tasks: int = 1, gpus: int = 0, name: str = "forgeflow"):
-    """A submitit executor for one worker job with `tasks` ranks."""
+def make_executor(cfg: RunConfig, folder: Path, tasks: int = 1, gpus: int = 0, name: str = "forgeflow",
+                  nodes: int = 1, devices: tuple[int, ...] = ()):
+    """A submitit executor for one worker job: `nodes` nodes, `tasks` ranks and `gpus` accelerators on each."""
     import submitit
 
     if cfg.launcher == "local":
+        if nodes > 1:
+            raise ValueError(f"{name}: {nodes} nodes need launcher: slurm (the local launcher is one machine)")
         detach_local_jobs_from_terminal()
         ex = submitit.LocalExecutor(folder=str(folder))
-        ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN, tasks_per_node=tasks, gpus_per_node=gpus)
+        ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN, tasks_per_node=tasks, gpus_per_node=gpus,
+                             visible_gpus=tuple(devices))
         return ex
     if cfg.launcher == "slurm":
         s = cfg.slurm
         ex = submitit.SlurmExecutor(folder=str(folder))
-        params = {"job_name": name, "nodes": 1, "ntasks_per_node": tasks, "cpus_per_task": s.cpus_per_task,
+        params = {"job_name": name, "nodes": nodes, "ntasks_per_node": tasks, "cpus_per_task": s.cpus_per_task,
                   "time": slurm_minutes(s.time), "additional_parameters": dict(s.extra)}
         if gpus:
             params["gpus_per_node"] = gpus

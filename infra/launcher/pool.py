@@ -18,6 +18,7 @@ from pathlib import Path
 
 from infra.config import RunConfig, config_to_dict
 from infra.launcher.executors import make_executor
+from infra.launcher.plan import check_capacity, plan_jobs
 from infra.weightsync import FSWeightStore, default_store_root
 from workers.client import WorkerClient
 from workers.entry import WorkerSpec, run_worker
@@ -105,6 +106,7 @@ class WorkerPool:
         if self.cfg.weightsync.backend == "fs":  # versions left by an earlier pool of this run are stale
             FSWeightStore(self.store_root).clear()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="pool-heartbeat").start()
+        check_capacity(self.cfg, plan_jobs(self.cfg, self.with_reference))
         for plan in plan_roles(self.cfg, self.with_reference):
             if self.roles is not None and plan.role not in self.roles:
                 continue
@@ -171,19 +173,13 @@ class WorkerPool:
             heartbeat_stale_s=self.cfg.workers.heartbeat_stale_s,
             bind_host="0.0.0.0" if self.cfg.launcher == "slurm" else "127.0.0.1",
             env={"OMP_NUM_THREADS": str(self.cfg.workers.threads)})
-        executor = make_executor(self.cfg, self.workers_dir / "jobs", tasks=plan.procs, gpus=self._gpus_for(plan),
-                                 name=f"ff-{name}")
+        job_plan = next(j for j in plan_jobs(self.cfg, self.with_reference) if j.name == name)
+        executor = make_executor(self.cfg, self.workers_dir / "jobs", tasks=job_plan.tasks_per_node,
+                                 gpus=job_plan.gpus_per_node, name=f"ff-{name}", nodes=job_plan.nodes,
+                                 devices=job_plan.devices)
         job = executor.submit(run_worker, spec)
         log.info("submitted %s as job %s (%s launcher, %d proc)", name, job.job_id, self.cfg.launcher, plan.procs)
         return Member(spec, job, started_s=time.monotonic())
-
-    def _gpus_for(self, plan: RolePlan) -> int:
-        """Accelerators for one job of the role: one per rank for models on GPU, none for rewards / CPU reference."""
-        if self.cfg.launcher != "slurm" or self.cfg.slurm.gpus_per_node == 0:
-            return 0
-        if plan.role == "reward" or (plan.role == "reference" and self.cfg.ref_model.device == "cpu"):
-            return 0
-        return min(plan.procs, self.cfg.slurm.gpus_per_node)
 
     def _wait_role(self, role: str) -> None:
         for m in self.members[role]:

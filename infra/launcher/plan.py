@@ -1,0 +1,131 @@
+"""The worker layout of a run — which jobs, how many nodes, ranks and GPUs each — computed from the config alone,
+so `--dry-run` can print it (and refuse an impossible one) on a machine without the cluster or the GPUs."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+
+from infra.config import RunConfig
+
+
+@dataclass
+class JobPlan:
+    """One worker job: `procs` ranks spread over `nodes` nodes, `gpus_per_node` accelerators on each."""
+
+    name: str
+    role: str
+    procs: int
+    nodes: int = 1
+    gpus_per_node: int = 0
+    devices: tuple[int, ...] = ()  # local launcher: the GPU indices this job sees (CUDA_VISIBLE_DEVICES)
+
+    @property
+    def tasks_per_node(self) -> int:
+        return self.procs // self.nodes
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def gpus_offered(cfg: RunConfig) -> int:
+    """GPUs per node the workers may use: slurm.gpus_per_node on SLURM, workers.gpus on this machine."""
+    return cfg.slurm.gpus_per_node if cfg.launcher == "slurm" else cfg.workers.gpus if cfg.launcher == "local" else 0
+
+
+def uses_gpu(cfg: RunConfig, role: str) -> bool:
+    """Whether the role's model lives on an accelerator (rewards never; the reference per ref_model.device)."""
+    if gpus_offered(cfg) == 0:
+        return False
+    if role == "reward":
+        return False
+    return not (role == "reference" and cfg.ref_model.device == "cpu")
+
+
+def plan_jobs(cfg: RunConfig, with_reference: bool) -> list[JobPlan]:
+    """One JobPlan per worker; a multi-rank GPU role larger than a node spans ceil(procs / gpus_per_node) nodes."""
+    from infra.launcher.pool import plan_roles
+
+    jobs, next_device = [], 0
+    for role in plan_roles(cfg, with_reference):
+        for index in range(role.replicas):
+            job = JobPlan(f"{role.role}-{index}", role.role, role.procs)
+            if role.role == "generator" and cfg.generator.backend == "vllm":
+                # one process; vLLM starts its own tensor-parallel workers on the job's GPUs (one node)
+                job.procs = 1
+                if uses_gpu(cfg, role.role):
+                    job.gpus_per_node = role.procs
+                    if cfg.launcher == "local":
+                        job.devices = tuple(range(next_device, next_device + role.procs))
+                        next_device += role.procs
+                jobs.append(job)
+                continue
+            if uses_gpu(cfg, role.role) and cfg.launcher == "local":  # one machine: hand out device indices
+                job.gpus_per_node = role.procs
+                job.devices = tuple(range(next_device, next_device + role.procs))
+                next_device += role.procs
+            elif uses_gpu(cfg, role.role):
+                gpn = cfg.slurm.gpus_per_node
+                job.nodes = math.ceil(role.procs / gpn)
+                if role.procs % job.nodes:
+                    raise ValueError(f"{role.role}: {role.procs} ranks do not split evenly over {job.nodes} nodes of "
+                                     f"{gpn} GPUs; use a multiple of slurm.gpus_per_node ({gpn}) for "
+                                     f"{role.role}.procs")
+                job.gpus_per_node = job.tasks_per_node
+            jobs.append(job)
+    return jobs
+
+
+def check_capacity(cfg: RunConfig, jobs: list[JobPlan]) -> None:
+    """Refuse a layout that needs more GPUs than offered (slurm.nodes × slurm.gpus_per_node, or workers.gpus on
+    this machine), naming the ways out."""
+    if gpus_offered(cfg) == 0:
+        return
+    slurm = cfg.launcher == "slurm"
+    need, have = sum(j.gpus for j in jobs), cfg.slurm.nodes * cfg.slurm.gpus_per_node if slurm else cfg.workers.gpus
+    if need > have:
+        detail = ", ".join(f"{j.name} {j.gpus}" for j in jobs if j.gpus)
+        offered = "slurm.nodes × slurm.gpus_per_node" if slurm else "workers.gpus"
+        raise ValueError(f"the layout needs {need} GPUs ({detail}) but {offered} = {have}; "
+                         "put the reference model on CPU (ref_model.device: cpu) or drop it (loss.beta: 0), lower "
+                         "generator.num_replicas / trainer.procs, or raise slurm.nodes")
+
+
+def render_plan(cfg: RunConfig, jobs: list[JobPlan], config_path: str) -> str:
+    """A human-readable plan: the resolved recipe and one line per worker job."""
+    lines = [f"plan for {config_path}: {cfg.steps} GRPO steps ({cfg.loss['name']}), {cfg.prompts_per_step} prompts x "
+             f"{cfg.group_size} samples, model {cfg.model.path} ({cfg.model.dtype}), dataset {cfg.dataset.kind}"
+             + (f" {cfg.dataset.path}" if cfg.dataset.path else ""),
+             f"  launcher {cfg.launcher}" + (f": partition {cfg.slurm.partition or '(default)'}, "
+                                             f"{cfg.slurm.nodes} node(s) x {cfg.slurm.gpus_per_node} GPU, "
+                                             f"time {cfg.slurm.time}" if cfg.launcher == "slurm" else
+                                             f" ({cfg.workers.gpus} GPUs offered)" if cfg.workers.gpus else ""),
+             f"  generator backend {cfg.generator.backend}, trainer backend {cfg.trainer.backend}, weight sync "
+             f"{cfg.weightsync.backend} every {cfg.weightsync.sync_every} step(s)",
+             f"  {'job':<14}{'role':<11}{'ranks':>6}{'nodes':>7}{'GPUs/node':>11}{'GPUs':>6}"]
+    for j in jobs:
+        lines.append(f"  {j.name:<14}{j.role:<11}{j.procs:>6}{j.nodes:>7}{j.gpus_per_node:>11}{j.gpus:>6}")
+    for j in jobs:
+        if j.devices:
+            lines.append(f"  {j.name} sees CUDA devices {','.join(map(str, j.devices))}")
+    lines.append(f"  total GPUs {sum(j.gpus for j in jobs)}; SFT warm-up steps {cfg.sft.steps}")
+    return "\n".join(lines)
+
+
+def sbatch_script(cfg: RunConfig, config_path: str, overrides: list[str]) -> str:
+    """The equivalent batch script: the controller runs in a small CPU job and submits the worker jobs itself."""
+    s = cfg.slurm
+    head = ["#!/bin/bash", "#SBATCH --job-name=forgeflow-controller", "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
+            "#SBATCH --cpus-per-task=4", f"#SBATCH --time={s.time}"]
+    head += [f"#SBATCH --{key}={getattr(s, key)}" for key in ("partition", "account", "qos") if getattr(s, key)]
+    args = " ".join(shlex.quote(a) for a in ["--config", config_path, *overrides])
+    return "\n".join(head + [
+        "# The controller needs no GPU: it submits one SLURM job per worker (see `forgeflow grpo --dry-run`).",
+        "# FORGEFLOW_HOME and weightsync.root must be on a filesystem every node can read.",
+        "set -euo pipefail",
+        'cd "${SLURM_SUBMIT_DIR}"',
+        'export FORGEFLOW_HOME="${FORGEFLOW_HOME:-$PWD/.forgeflow}"',
+        f".venv/bin/forgeflow grpo {args}",
+        ""])
