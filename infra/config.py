@@ -317,6 +317,9 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
         raise ValueError(f"{where}: group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
     if cfg.reward.timeout_s < 0:
         raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
+    if cfg.trainer.backend == "titan":
+        raise ValueError(f"{where}: trainer.backend: titan is not available yet; use trainer.backend: hf (FSDP2 over "
+                         "trainer.procs ranks)")
     if cfg.generator.backend == "vllm" and cfg.weightsync.backend != "fs":
         raise ValueError(f"{where}: generator.backend vllm reads weights from files: set weightsync.backend: fs "
                          "(weightsync.root on a filesystem the generator nodes share)")

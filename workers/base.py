@@ -39,6 +39,15 @@ class Worker:
         return True
 
 
+def worker_device(cfg: RunConfig, role: str) -> torch.device:
+    """cuda:LOCAL_RANK when the plan gives this role GPUs and CUDA is usable here, else cpu."""
+    from infra.launcher.plan import uses_gpu
+
+    if uses_gpu(cfg, role) and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
 def model_source(cfg: RunConfig, init_path: str | None = None) -> str:
     """The checkpoint a worker loads: an explicit init path, else sft.init, else model.path."""
     return init_path or cfg.sft.init or cfg.model.path

@@ -118,6 +118,8 @@ def init_distributed() -> tuple[int, int]:
     import torch.distributed as dist
     from submitit.helpers import TorchDistributedEnvironment
 
-    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    if torch.cuda.is_available():  # one GPU per rank, before NCCL binds one
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), dist.get_world_size()

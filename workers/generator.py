@@ -12,7 +12,7 @@ from forge_core.recipes import steps
 from forge_core.types import Group
 from infra import components as C
 from infra.config import RunConfig
-from workers.base import Worker, dtype_of, model_source
+from workers.base import Worker, dtype_of, model_source, worker_device
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,8 @@ class GeneratorWorker(Worker):
                                                            dtype=cfg.model.dtype, seed=cfg.seed)
         else:
             model, tok = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed, dtype=dtype_of(cfg))
-            self.generator = TorchGenerator(model.eval(), tok, C.sampling_params(cfg))
+            self.generator = TorchGenerator(model.to(worker_device(cfg, self.role)).eval(), tok,
+                                            C.sampling_params(cfg))
         self.store = store
 
     def rollout(self, problems: Sequence[Problem], prompts: Sequence[str], group_size: int, seed: int) -> list[Group]:

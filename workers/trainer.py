@@ -21,7 +21,7 @@ from forge_core.training.trainer import save_atomically
 from forge_core.types import Group
 from infra import components as C
 from infra.config import RunConfig
-from workers.base import Worker, dtype_of, model_source
+from workers.base import Worker, dtype_of, model_source, worker_device
 from workers.sharding import full_state_dict, shard_model
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class TrainerWorker(Worker):
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         model, self.tokenizer = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed,
                                                          dtype=dtype_of(cfg))
+        model = model.to(worker_device(cfg, self.role))
         if self.world > 1:
             shard_model(model)
         self.trainer = Trainer(model, C.build_loss(cfg), C.trainer_settings(cfg), self.tokenizer.pad_token_id)

@@ -43,10 +43,10 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def exponential_noise(rows: int, vocab: int, generator: torch.Generator | None) -> torch.Tensor:
+def exponential_noise(rows: int, vocab: int, generator: torch.Generator | None, device=None) -> torch.Tensor:
     """Exp(1) noise [rows, vocab]; drawn for every row of the original batch so a row's sample does not depend on
     which other rows are still decoding."""
-    return torch.empty(rows, vocab).exponential_(generator=generator)
+    return torch.empty(rows, vocab, device=device).exponential_(generator=generator)
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor | None = None):
@@ -61,6 +61,6 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, noise: torch.Tenso
     filtered = filter_logits(scaled, params.top_k, params.top_p)
     probs = filtered.softmax(-1) if filtered is not scaled else logprobs.exp()
     if noise is None:
-        noise = exponential_noise(*probs.shape, None)
+        noise = exponential_noise(*probs.shape, None, probs.device)
     tokens = (probs / noise).argmax(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

@@ -26,6 +26,10 @@ class TorchGenerator:
         self.max_batch, self.prefer_fast = max_batch, prefer_fast
         self.policy_version = 0
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Replace the weights and bump the policy version."""
         self.model.load_state_dict(state_dict)
@@ -50,7 +54,7 @@ class TorchGenerator:
         """n completions for each prompt (list per prompt); seeded calls are reproducible."""
         params = params or self.params
         params.validate()
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        gen = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         per_chunk = max(1, self.max_batch // n)
         out: list[list[Completion]] = []
         for start in range(0, len(prompts), per_chunk):
@@ -60,17 +64,19 @@ class TorchGenerator:
 
     def generate_chunk(self, prompts, n, params, gen) -> list[list[Completion]]:
         ids, mask = self.encode_prompts(prompts)
+        device = self.device
+        ids, mask = ids.to(device), mask.to(device)
         decoder = make_decoder(self.model, self.prefer_fast)
         logits = decoder.prefill(ids, mask, params.max_new_tokens, n)
         batch = logits.shape[0]
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        tokens = torch.full((batch, params.max_new_tokens), pad, dtype=torch.long)
-        logprobs = torch.zeros((batch, params.max_new_tokens))
-        lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long)
-        active = torch.arange(batch)  # original row of each row still held by the decoder
-        alive = torch.ones(batch, dtype=torch.bool)
+        tokens = torch.full((batch, params.max_new_tokens), pad, dtype=torch.long, device=device)
+        logprobs = torch.zeros((batch, params.max_new_tokens), device=device)
+        lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=device)
+        active = torch.arange(batch, device=device)  # original row of each row still held by the decoder
+        alive = torch.ones(batch, dtype=torch.bool, device=device)
         for t in range(params.max_new_tokens):
-            noise = None if params.temperature == 0 else exponential_noise(batch, logits.shape[-1], gen)[active]
+            noise = None if params.temperature == 0 else exponential_noise(batch, logits.shape[-1], gen, device)[active]
             next_tokens, next_lp = sample_next(logits, params, noise)
             tokens[active[alive], t] = next_tokens[alive]
             logprobs[active[alive], t] = next_lp[alive]
@@ -85,7 +91,7 @@ class TorchGenerator:
                 active, next_tokens, alive = active[keep], next_tokens[keep], alive[keep]
             # finished rows of a decoder that cannot drop them keep decoding pads; their outputs are ignored
             logits = decoder.decode(torch.where(alive, next_tokens, torch.full_like(next_tokens, pad)))
-        return self.package(tokens, logprobs, lengths, len(prompts), n, eos)
+        return self.package(tokens.cpu(), logprobs.cpu(), lengths.cpu(), len(prompts), n, eos)
 
     def package(self, tokens, logprobs, lengths, num_prompts, n, eos) -> list[list[Completion]]:
         """Turn padded [B, T] results into Completions grouped by prompt."""

@@ -22,7 +22,7 @@ class PolicyBatch:
 def response_lengths(padding_mask: torch.Tensor) -> torch.Tensor:
     """Index of the last real response token + 1 per row [B] (0 for an empty row)."""
     t = padding_mask.shape[1]
-    idx = torch.arange(1, t + 1).expand_as(padding_mask)
+    idx = torch.arange(1, t + 1, device=padding_mask.device).expand_as(padding_mask)
     return torch.where(padding_mask.bool(), idx, torch.zeros_like(idx)).max(-1).values
 
 

@@ -46,7 +46,10 @@ def response_logits(model, tokens: torch.Tensor, attention_mask: torch.Tensor, p
 
 def sequence_logprobs(model, tokens, attention_mask, positions, temperature: float = 1.0,
                       with_entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logprobs [B, T], entropy [B, T] or None) of tokens[b, positions[b, t]] under `model`."""
+    """(logprobs [B, T], entropy [B, T] or None) of tokens[b, positions[b, t]] under `model` (inputs are moved to
+    the model's device)."""
+    device = next(model.parameters()).device
+    tokens, attention_mask, positions = tokens.to(device), attention_mask.to(device), positions.to(device)
     logits = response_logits(model, tokens, attention_mask, positions)
     targets = tokens.gather(1, positions)
     lp = gather_logprobs(logits, targets, temperature)

@@ -87,6 +87,8 @@ class Trainer:
         advantages [B] (or [B, T]), ref_logprobs/old_logprobs [B, T] or None. num_tokens/num_seqs override the
         normalisers when this batch is one rank's share of a larger one."""
         self.model.train()
+        device = next(self.model.parameters()).device
+        targets = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in targets.items()}
         mask = targets["padding_mask"].bool()
         num_tokens = num_tokens or mask.sum().clamp(min=1).item()
         num_seqs = num_seqs or (mask.sum(-1) > 0).sum().clamp(min=1).item()
@@ -144,7 +146,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
-        torch.set_rng_state(state["rng"]["torch"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())  # map_location may have moved it to the GPU
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
 
@@ -155,7 +157,8 @@ class Trainer:
         return state_sha256(state)
 
     def load(self, path) -> None:
-        self.load_state_dict(torch.load(path, weights_only=False))
+        device = next(self.model.parameters()).device
+        self.load_state_dict(torch.load(path, weights_only=False, map_location=device))
 
 
 def save_atomically(obj, path) -> None:
