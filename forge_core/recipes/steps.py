@@ -42,14 +42,14 @@ def score_rewards(groups: list[Group], reward: CombinedReward) -> dict[str, floa
     """Set each episode's reward (and per-function breakdown); returns reward/* metrics."""
     per_fn: dict[str, list[float]] = {}
     totals, errors = [], 0
-    for g in groups:
-        for e in g.episodes:
-            s = reward.score(e.prompt, e.completion.text, e.target)
-            e.reward, e.reward_breakdown = s.total, s.breakdown
-            totals.append(s.total)
-            errors += len(s.errors)
-            for k, v in s.breakdown.items():
-                per_fn.setdefault(k, []).append(v)
+    episodes = [e for g in groups for e in g.episodes]
+    scores = reward.score_batch([(e.prompt, e.completion.text, e.target) for e in episodes])
+    for e, s in zip(episodes, scores, strict=True):
+        e.reward, e.reward_breakdown = s.total, s.breakdown
+        totals.append(s.total)
+        errors += len(s.errors)
+        for k, v in s.breakdown.items():
+            per_fn.setdefault(k, []).append(v)
     metrics = {"reward/mean": statistics.fmean(totals), "reward/std": statistics.pstdev(totals),
                "reward/errors": float(errors)}
     metrics.update({f"reward/{k}": statistics.fmean(v) for k, v in per_fn.items()})

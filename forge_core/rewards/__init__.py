@@ -92,5 +92,9 @@ class CombinedReward:
             result.total += weight * value
         return result
 
+    def score_batch(self, episodes: list[tuple[str, str, str]]) -> list[RewardScore]:
+        """`score` for each (prompt, response, target)."""
+        return [self.score(*e) for e in episodes]
+
     def __call__(self, prompt: str, response: str, target: str) -> float:
         return self.score(prompt, response, target).total

@@ -23,12 +23,13 @@ def serve_rewards(conn, entries: list[dict], fallback: float) -> None:
     conn.send("ready")
     while True:
         try:
-            msg = conn.recv()
+            batch = conn.recv()
         except EOFError:  # the worker went away
             return
-        if msg is None:
+        if batch is None:
             return
-        conn.send(reward.score(*msg))
+        for episode in batch:  # one answer per episode as soon as it is scored: the parent times each one
+            conn.send(reward.score(*episode))
 
 
 class TimeLimitedReward:
@@ -60,11 +61,25 @@ class TimeLimitedReward:
 
     def score(self, prompt: str, response: str, target: str) -> RewardScore:
         """Score one episode; a timeout scores `fallback` for every function, with errors ['timeout']."""
-        if self.proc is None or not self.proc.is_alive():
-            self._start()
-        self.conn.send((prompt, response, target))
-        if self.conn.poll(self.timeout_s):
-            return self.conn.recv()
+        return self.score_batch([(prompt, response, target)])[0]
+
+    def score_batch(self, episodes: list[tuple[str, str, str]]) -> list[RewardScore]:
+        """Score (prompt, response, target) triples: sent at once, each answer awaited within `timeout_s`; after a
+        timeout the scorer is replaced and the episodes after the slow one are sent again."""
+        scores: list[RewardScore] = []
+        while len(scores) < len(episodes):
+            if self.proc is None or not self.proc.is_alive():
+                self._start()
+            pending = episodes[len(scores):]
+            self.conn.send(pending)
+            for _, response, _ in pending:
+                if not self.conn.poll(self.timeout_s):
+                    scores.append(self._timed_out(response))
+                    break
+                scores.append(self.conn.recv())
+        return scores
+
+    def _timed_out(self, response: str) -> RewardScore:
         self.timeouts += 1
         log.warning("reward scoring took longer than reward.timeout_s=%.1fs: scoring %s and restarting the scorer "
                     "(response starts %r)", self.timeout_s, self.fallback, response[:80])

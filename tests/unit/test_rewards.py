@@ -124,6 +124,10 @@ def test_hanging_reward_times_out_scores_fallback_and_scoring_goes_on():
         assert hung.total == 0.0 and hung.errors == ["timeout"] and reward.timeouts == 1
         raised = reward.score("q", "boom", "1")  # the restarted scorer still works; a raising reward is counted
         assert raised.total == 2.0 and raised.errors == ["flaky"]
+        # in a batch the hung episode is cut off and the ones after it are scored by a fresh scorer, in order
+        batch = reward.score_batch([("q", "a", "1"), ("q", "loop", "1"), ("q", "boom", "1"), ("q", "b", "1")])
+        assert [b.total for b in batch] == [2.5, 0.0, 2.0, 2.5] and reward.timeouts == 2
+        assert [b.errors for b in batch] == [[], ["timeout"], ["flaky"], []]
     finally:
         reward.close()
     assert reward.proc is None
