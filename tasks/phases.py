@@ -96,8 +96,9 @@ def checkpoint(run_id: str, step: int) -> str | None:
     ctx.pool.call("trainer", "save_checkpoint", str(path))
     state = path / "trainer.pt"
     meta = json.loads((path / "worker_step.json").read_text())
-    marker = {"step": step, "sha256": file_sha256(state), "bytes": state.stat().st_size,
-              "state_sha256": meta.get("state_sha256")}
+    # the data sampler and the sampling seeds are pure functions of (seed, step): the step is their position
+    marker = {"step": step, "policy_version": step, "sha256": file_sha256(state), "bytes": state.stat().st_size,
+              "state_sha256": meta.get("state_sha256"), "sampler": {"seed": ctx.cfg.seed, "next_step": step}}
     tmp = path / "COMPLETE.tmp"
     tmp.write_text(json.dumps(marker))
     tmp.replace(path / "COMPLETE")  # written last: a checkpoint without it is ignored on resume

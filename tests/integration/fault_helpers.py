@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -54,11 +55,15 @@ def wait_for_new_run(existing: set[str], steps: int, proc: subprocess.Popen | No
 
 
 def kill_worker_when(role: str, after_step: int, killed: list, sig=signal.SIGKILL) -> threading.Thread:
-    """In a thread: send `sig` to the role's worker of the next new run once it has `after_step` steps."""
+    """In a thread: send `sig` to the role's worker of the next new run at a random moment of the step after
+    `after_step` (whatever phase is running then)."""
     existing = existing_runs()
+    delay = random.uniform(0.0, 0.3)  # a step of the tiny run takes ~0.1-0.3 s
+    print(f"killing {role} {delay:.3f}s after step {after_step} is recorded")
 
     def watch():
         run = wait_for_new_run(existing, after_step)
+        time.sleep(delay)
         rv = read_rendezvous(run / "workers" / f"{role}-0.rendezvous.json")
         os.kill(rv.pid, sig)
         killed.append(rv.pid)

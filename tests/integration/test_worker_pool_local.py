@@ -72,11 +72,14 @@ def test_sigkilled_worker_is_lost_then_restarted(pool):
 
 
 def test_failed_start_shows_the_worker_stderr(tmp_path):
-    cfg = tiny_config("local", **{"model.path": str(tmp_path / "no-such-model")})
+    broken = tmp_path / "not-a-model"  # exists (passes the config check) but holds no model: fails in the worker
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    cfg = tiny_config("local", **{"model.path": str(broken)})
     with pytest.raises(RuntimeError, match="exited during start-up") as info:
         with WorkerPool(cfg, tmp_path / "bad-run"):
             pass
-    assert "no-such-model" in str(info.value)
+    assert "not-a-model" in str(info.value)
 
 
 CONTROLLER = textwrap.dedent("""
