@@ -44,7 +44,7 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
     pipelined = cfg.max_policy_age >= 1
     calls = 0
     step = start
-    pending = phases.rollout.submit(run_id, step) if pipelined and step < cfg.steps else None
+    pending = first_rollout(ctx, step) if pipelined and step < cfg.steps else None
     while step < cfg.steps:
         t0 = time.perf_counter()
         if pending is not None:
@@ -66,10 +66,10 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
         if "resume_from" in train_metrics:  # a recovery rolled the trainer back to its last checkpoint
             if pending is not None:
                 pending.wait()
-                pending = None
             log.warning("trainer restored to step %d; continuing from there", train_metrics["resume_from"])
             step = train_metrics["resume_from"]
             records.rollback(step)
+            pending = first_rollout(ctx, step) if pipelined else None
             continue
         metrics.update(train_metrics)
         if pending is not None:
@@ -82,7 +82,8 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
             metrics.update(phases.evaluate(run_id, step + 1))
             calls += 1
         if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-            saved = phases.checkpoint(run_id, step + 1)
+            inflight = quote(pending.result()) if pending is not None else None  # step+1's batch, sampled ahead
+            saved = phases.checkpoint(run_id, step + 1, inflight)
             if saved:
                 records.checkpoint(step + 1, saved)
             calls += 1
@@ -91,6 +92,36 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
         show(line_for_step(step, cfg.steps, metrics))
         step += 1
     return calls
+
+
+class ReadyRollout:
+    """A rollout already sampled (saved with a checkpoint), used where a rollout future would be."""
+
+    def __init__(self, value: tuple) -> None:
+        self.value = value
+
+    def result(self) -> tuple:
+        return self.value
+
+    def wait(self) -> None:
+        return None
+
+
+def first_rollout(ctx: RunContext, step: int):
+    """The pipelined rollout of `step`: the batch saved with the checkpoint at `step` when there is one (it was
+    sampled with version step-1, as in the uninterrupted run), else a new rollout task."""
+    saved = ctx.checkpoint_dir / f"step-{step:06d}" / phases.INFLIGHT
+    if step > 0 and saved.exists():
+        import torch
+
+        from infra.records import file_sha256
+
+        marker = json.loads((saved.parent / "COMPLETE").read_text())
+        if marker.get("inflight_sha256") == file_sha256(saved):
+            log.info("step %d: training on the batch saved with its checkpoint (sampled ahead)", step)
+            return ReadyRollout(torch.load(saved, weights_only=False))
+        log.error("%s does not match its checkpoint's sha256: sampling step %d again", saved, step)
+    return phases.rollout.submit(ctx.run_id, step)
 
 
 @flow(name="grpo", persist_result=False)

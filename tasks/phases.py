@@ -12,10 +12,13 @@ from prefect.cache_policies import NONE
 
 from forge_core.recipes.grpo import sample_prompt_indices
 from forge_core.recipes.steps import rollout_metrics, step_seed
+from forge_core.training.trainer import save_atomically
 from infra.records import file_sha256
 from tasks.context import get_run
 from tasks.recovery import retry_on_worker_lost
 from workers import remote
+
+INFLIGHT = "inflight_rollout.pt"  # a pipelined run's batch for the checkpoint's step, sampled ahead
 
 PHASE = dict(cache_policy=NONE, persist_result=False, retries=2, retry_delay_seconds=0,
              retry_condition_fn=retry_on_worker_lost)
@@ -29,7 +32,7 @@ def rollout(run_id: str, step: int) -> tuple[list, dict]:
     idx = sample_prompt_indices(len(splits.train), cfg.prompts_per_step, cfg.seed, step)
     t0 = time.perf_counter()
     groups = remote.remote_rollout(ctx.pool, [splits.train[i] for i in idx], [splits.train_prompts[i] for i in idx],
-                                   cfg.group_size, step_seed(cfg.seed, step))
+                                   cfg.group_size, step_seed(cfg.seed, step), behaviour_version(cfg, step))
     seconds = time.perf_counter() - t0
     metrics = rollout_metrics(groups)
     tokens = sum(len(e.completion.token_ids) for g in groups for e in g.episodes)
@@ -37,6 +40,15 @@ def rollout(run_id: str, step: int) -> tuple[list, dict]:
     metrics.update({"rollout/tokens_per_s": tokens / max(seconds, 1e-9), "timing/rollout": seconds,
                     "rollout/policy_staleness": float(step - min(versions))})
     return groups, metrics
+
+
+def behaviour_version(cfg, step: int) -> int | None:
+    """The policy version step `step`'s rollout samples with in the uninterrupted schedule: `step` on-policy,
+    step - 1 pipelined (sampled while step - 1 trains). Pinning it makes a recovered run sample exactly as an
+    uninterrupted one. None (no pin) when syncs are spaced out (weightsync.sync_every > 1)."""
+    if cfg.weightsync.sync_every > 1:
+        return None
+    return max(step - 1, 0) if cfg.max_policy_age >= 1 else step
 
 
 @task(name="score_rewards", task_run_name="score_rewards-{step}", timeout_seconds=600, **PHASE)
@@ -86,19 +98,24 @@ def evaluate(run_id: str, step: int) -> dict:
 
 
 @task(name="checkpoint", task_run_name="checkpoint-{step}", timeout_seconds=1800, **PHASE)
-def checkpoint(run_id: str, step: int) -> str | None:
+def checkpoint(run_id: str, step: int, inflight: tuple | None = None) -> str | None:
     """Trainer state + HF weights to checkpoints/step-N; COMPLETE is written last, old ones pruned to `keep`.
-    None when the trainer is no longer at `step` (rolled back by a recovery; the next train_step notices)."""
+    `inflight`: the (groups, metrics) of step N's rollout when it was sampled ahead (pipelined), saved with the
+    checkpoint so a resume trains on the same batch. None when the trainer is no longer at `step` (rolled back by
+    a recovery; the next train_step notices)."""
     ctx = get_run(run_id)
     if ctx.pool.call("trainer", "health")["step"] != step:
         return None  # a recovery rolled the trainer back: never label older weights as this step
     path = ctx.checkpoint_dir / f"step-{step:06d}"
     ctx.pool.call("trainer", "save_checkpoint", str(path))
+    if inflight is not None:
+        save_atomically(inflight, path / INFLIGHT)
     state = path / "trainer.pt"
     meta = json.loads((path / "worker_step.json").read_text())
     # the data sampler and the sampling seeds are pure functions of (seed, step): the step is their position
     marker = {"step": step, "policy_version": step, "sha256": file_sha256(state), "bytes": state.stat().st_size,
-              "state_sha256": meta.get("state_sha256"), "sampler": {"seed": ctx.cfg.seed, "next_step": step}}
+              "state_sha256": meta.get("state_sha256"), "sampler": {"seed": ctx.cfg.seed, "next_step": step},
+              "inflight_sha256": file_sha256(path / INFLIGHT) if inflight is not None else None}
     tmp = path / "COMPLETE.tmp"
     tmp.write_text(json.dumps(marker))
     tmp.replace(path / "COMPLETE")  # written last: a checkpoint without it is ignored on resume

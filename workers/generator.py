@@ -34,9 +34,19 @@ class GeneratorWorker(Worker):
                                             C.sampling_params(cfg))
         self.store = store
 
-    def rollout(self, problems: Sequence[Problem], prompts: Sequence[str], group_size: int, seed: int) -> list[Group]:
-        """`group_size` samples for each prompt with the current weights (completions stamped with the version)."""
+    def rollout(self, problems: Sequence[Problem], prompts: Sequence[str], group_size: int, seed: int,
+                version: int | None = None) -> list[Group]:
+        """`group_size` samples for each prompt (completions stamped with the version); with `version`, sample with
+        exactly that policy version (loaded from the store when this generator holds another one)."""
         self.calls += 1
+        if version is not None and version != self.policy_version:
+            if self.store is not None and self.store.path_for(version).exists():
+                log.info("rollout asks for policy version %d, this generator holds %d: loading it", version,
+                         self.policy_version)
+                self.load_weights(version)
+            else:  # e.g. a resume on a node whose weight store was emptied: continue, not bit-exact
+                log.warning("policy version %d is no longer in the weight store: sampling with version %d",
+                            version, self.policy_version)
         return steps.rollout(self.generator, problems, prompts, group_size, seed, C.sampling_params(self.cfg))
 
     def generate(self, prompts: list[str], n: int = 1, seed: int | None = None, params=None) -> list[list]:

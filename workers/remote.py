@@ -14,14 +14,15 @@ from forge_core.types import Group
 
 
 def remote_rollout(pool, problems: Sequence[Problem], prompts: Sequence[str], group_size: int,
-                   seed: int) -> list[Group]:
-    """Split the prompts over the generator replicas (round-robin) and gather their groups in order."""
+                   seed: int, version: int | None = None) -> list[Group]:
+    """Split the prompts over the generator replicas (round-robin) and gather their groups in order; `version`
+    pins the policy version they sample with (a generator holding another one loads it first)."""
     clients = pool.clients("generator")
     shards = [(i, list(problems[i::len(clients)]), list(prompts[i::len(clients)])) for i in range(len(clients))]
     results: dict[int, list[Group]] = {}
     for i, probs, prs in shards:
         if probs:
-            results[i] = clients[i].call("rollout", probs, prs, group_size, seed + i)
+            results[i] = clients[i].call("rollout", probs, prs, group_size, seed + i, version)
     # interleave back into the original prompt order
     groups: list[Group] = [None] * len(problems)  # type: ignore[list-item]
     for i, part in results.items():

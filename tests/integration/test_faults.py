@@ -39,14 +39,24 @@ STEPS = 6
 RUN = {**TINY, "steps": STEPS, "trainer.entropy_coef": 0.01}
 
 
+# pipelined: step v+1 is sampled with weights v while v trains; its batch is saved with each checkpoint
+PIPELINED = {**RUN, "max_policy_age": 1}
+_REFERENCES: dict[str, str] = {}
+
+
+def uninterrupted_sha(mode: str) -> str:
+    """state_sha256 of the final checkpoint of an uninterrupted run (computed once per mode)."""
+    if mode not in _REFERENCES:
+        summary = grpo_flow(overrides=PIPELINED if mode == "pipelined" else RUN, run_name=f"uninterrupted-{mode}")
+        info = show_run(summary["run_id"])
+        assert info["final_checkpoint"]["step"] == STEPS and info["final_checkpoint"]["state_sha256"]
+        _REFERENCES[mode] = info["final_checkpoint"]["state_sha256"]
+    return _REFERENCES[mode]
+
+
 @pytest.fixture(scope="module")
 def reference_sha():
-    """sha256 of the final trainer state of the uninterrupted run."""
-    summary = grpo_flow(overrides=RUN, run_name="uninterrupted")
-    info = show_run(summary["run_id"])
-    assert info["final_checkpoint"]["step"] == STEPS
-    assert info["final_checkpoint"]["state_sha256"]
-    return info["final_checkpoint"]["state_sha256"]
+    return uninterrupted_sha("on-policy")
 
 
 def assert_records_complete(run_id: str, reference_sha: str) -> dict:
@@ -64,11 +74,13 @@ def assert_records_complete(run_id: str, reference_sha: str) -> dict:
     return info
 
 
+@pytest.mark.parametrize("mode", ["on-policy", "pipelined"])
 @pytest.mark.parametrize("role", ["generator", "trainer"])
-def test_killed_worker_run_ends_bitwise_identical(role, reference_sha):
+def test_killed_worker_run_ends_bitwise_identical(role, mode):
+    reference_sha = uninterrupted_sha(mode)
     killed: list[int] = []
     watcher = kill_worker_when(role, 3, killed)
-    summary = grpo_flow(overrides=RUN, run_name=f"kill-{role}")
+    summary = grpo_flow(overrides=PIPELINED if mode == "pipelined" else RUN, run_name=f"kill-{role}-{mode}")
     watcher.join(timeout=1)
     assert killed, "the worker was never killed: the test did not exercise recovery"
     assert [r["role"] for r in summary["recoveries"]] == [role]
@@ -79,10 +91,12 @@ def test_killed_worker_run_ends_bitwise_identical(role, reference_sha):
         assert summary["recoveries"][0]["trainer_step"] in (2, 4)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
-def test_interrupted_flow_process_resumes_bitwise_identical(sig, reference_sha):
+@pytest.mark.parametrize("sig,mode", [(signal.SIGINT, "on-policy"), (signal.SIGKILL, "on-policy"),
+                                      (signal.SIGKILL, "pipelined")], ids=["ctrl-c", "kill-9", "kill-9-pipelined"])
+def test_interrupted_flow_process_resumes_bitwise_identical(sig, mode):
+    reference_sha = uninterrupted_sha(mode)
     existing = existing_runs()
-    proc = start_cli_run(RUN, "--run-name", f"flow-{sig.name}")
+    proc = start_cli_run(PIPELINED if mode == "pipelined" else RUN, "--run-name", f"flow-{sig.name}-{mode}")
     run = wait_for_new_run(existing, 3, proc)
     live = show_run(run.name)  # while live, the registry lists the workers an operator could kill
     pids = [w["pid"] for w in live["workers"] if w["state"] == "running"]
@@ -102,6 +116,7 @@ def test_interrupted_flow_process_resumes_bitwise_identical(sig, reference_sha):
             r = repo.get_run(s, run.name)
             assert r.status == "interrupted" and f"forgeflow resume {run.name}" in r.status_message
             assert all(w.state != "running" for w in r.workers)
+    # the resumed pool starts with an empty weight store: a pipelined run must use the batch saved ahead
     summary = grpo_flow(resume=run.name)
     assert summary["run_id"] == run.name and summary["start_step"] in (2, 4)
     assert_records_complete(run.name, reference_sha)
