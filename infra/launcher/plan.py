@@ -50,30 +50,27 @@ def plan_jobs(cfg: RunConfig, with_reference: bool) -> list[JobPlan]:
 
     jobs, next_device = [], 0
     for role in plan_roles(cfg, with_reference):
+        # a vLLM generator is one process that starts its own tensor-parallel workers on its job's GPUs
+        vllm = role.role == "generator" and cfg.generator.backend == "vllm"
         for index in range(role.replicas):
-            job = JobPlan(f"{role.role}-{index}", role.role, role.procs)
-            if role.role == "generator" and cfg.generator.backend == "vllm":
-                # one process; vLLM starts its own tensor-parallel workers on the job's GPUs (one node)
-                job.procs = 1
-                if uses_gpu(cfg, role.role):
-                    job.gpus_per_node = role.procs
-                    if cfg.launcher == "local":
-                        job.devices = tuple(range(next_device, next_device + role.procs))
-                        next_device += role.procs
-                jobs.append(job)
-                continue
-            if uses_gpu(cfg, role.role) and cfg.launcher == "local":  # one machine: hand out device indices
-                job.gpus_per_node = role.procs
-                job.devices = tuple(range(next_device, next_device + role.procs))
-                next_device += role.procs
-            elif uses_gpu(cfg, role.role):
+            job = JobPlan(f"{role.role}-{index}", role.role, 1 if vllm else role.procs)
+            if uses_gpu(cfg, role.role):
                 gpn = cfg.slurm.gpus_per_node
-                job.nodes = math.ceil(role.procs / gpn)
-                if role.procs % job.nodes:
-                    raise ValueError(f"{role.role}: {role.procs} ranks do not split evenly over {job.nodes} nodes of "
-                                     f"{gpn} GPUs; use a multiple of slurm.gpus_per_node ({gpn}) for "
-                                     f"{role.role}.procs")
-                job.gpus_per_node = job.tasks_per_node
+                if cfg.launcher == "local" or role.procs <= gpn:
+                    job.gpus_per_node = role.procs
+                elif vllm:
+                    raise ValueError(f"generator.procs = {role.procs} exceeds slurm.gpus_per_node ({gpn}): vLLM "
+                                     "tensor parallelism stays within one node; lower generator.procs")
+                else:
+                    job.nodes = math.ceil(role.procs / gpn)
+                    if role.procs % job.nodes:
+                        raise ValueError(f"{role.role}: {role.procs} ranks do not split evenly over {job.nodes} "
+                                         f"nodes of {gpn} GPUs; use a multiple of slurm.gpus_per_node ({gpn}) for "
+                                         f"{role.role}.procs")
+                    job.gpus_per_node = job.tasks_per_node
+                if cfg.launcher == "local":  # one machine: hand out device indices
+                    job.devices = tuple(range(next_device, next_device + job.gpus))
+                    next_device += job.gpus
             jobs.append(job)
     return jobs
 
