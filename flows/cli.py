@@ -117,9 +117,8 @@ def run_command(args, extra: list[str]) -> int:
             return print_plan(args, cfg, extra)
     if args.command == "grpo" and args.in_process:
         from flows.inprocess import run_main_job
-        from infra.config import load_config
 
-        summary = run_main_job(load_config(args.config, overrides), args.run_name, show=not args.no_progress)
+        summary = run_main_job(cfg, args.run_name, show=not args.no_progress)
     elif args.command in ("grpo", "resume"):
         from flows.grpo import grpo_flow
         from infra.prefect_env import wait_for_task_runs
