@@ -22,7 +22,7 @@ from forge_core.generation import SamplingParams, TorchGenerator  # noqa: E402
 from forge_core.losses import get_loss  # noqa: E402
 from forge_core.models.tokenizer import build_char_tokenizer  # noqa: E402
 from forge_core.training import Trainer, TrainerSettings, episodes_to_train_inputs  # noqa: E402
-from forge_core.types import Episode  # noqa: E402
+from forge_core.types import Completion, Episode  # noqa: E402
 from infra.weightsync import FSWeightStore, default_store_root  # noqa: E402
 
 SHAPES = {
@@ -82,8 +82,6 @@ def measure_training(model, tok, batch: int, prompt_len: int, resp_len: int, ste
     vocab = model.config.vocab_size
     episodes = []
     for i in range(batch):
-        from forge_core.types import Completion
-
         ids = torch.randint(10, vocab, (resp_len,), generator=g).tolist()
         comp = Completion("", ids, [-2.0] * resp_len)
         prompt = torch.randint(10, vocab, (prompt_len,), generator=g).tolist()

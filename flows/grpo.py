@@ -28,7 +28,7 @@ from infra.config import dump_config, load_config
 from infra.launcher import WorkerPool
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
-from infra.records import RunRecords, dataset_fingerprint
+from infra.records import RunRecords, dataset_fingerprint, file_sha256
 from tasks import phases
 from tasks.context import RunContext, register_run, unregister_run
 
@@ -113,8 +113,6 @@ def first_rollout(ctx: RunContext, step: int):
     saved = ctx.checkpoint_dir / f"step-{step:06d}" / phases.INFLIGHT
     if step > 0 and saved.exists():
         import torch
-
-        from infra.records import file_sha256
 
         marker = json.loads((saved.parent / "COMPLETE").read_text())
         if marker.get("inflight_sha256") == file_sha256(saved):

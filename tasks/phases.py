@@ -107,14 +107,14 @@ def checkpoint(run_id: str, step: int, inflight: tuple | None = None) -> str | N
     if ctx.pool.call("trainer", "health")["step"] != step:
         return None  # a recovery rolled the trainer back: never label older weights as this step
     path = ctx.checkpoint_dir / f"step-{step:06d}"
-    ctx.pool.call("trainer", "save_checkpoint", str(path))
+    # state_sha256: equal for equal training states (the file's own bytes are not canonical)
+    state_sha256 = ctx.pool.call("trainer", "save_checkpoint", str(path))
     if inflight is not None:
         save_atomically(inflight, path / INFLIGHT)
     state = path / "trainer.pt"
-    meta = json.loads((path / "worker_step.json").read_text())
     # the data sampler and the sampling seeds are pure functions of (seed, step): the step is their position
     marker = {"step": step, "policy_version": step, "sha256": file_sha256(state), "bytes": state.stat().st_size,
-              "state_sha256": meta.get("state_sha256"), "sampler": {"seed": ctx.cfg.seed, "next_step": step},
+              "state_sha256": state_sha256, "sampler": {"seed": ctx.cfg.seed, "next_step": step},
               "inflight_sha256": file_sha256(path / INFLIGHT) if inflight is not None else None}
     tmp = path / "COMPLETE.tmp"
     tmp.write_text(json.dumps(marker))

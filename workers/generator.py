@@ -40,11 +40,11 @@ class GeneratorWorker(Worker):
         exactly that policy version (loaded from the store when this generator holds another one)."""
         self.calls += 1
         if version is not None and version != self.policy_version:
-            if self.store is not None and self.store.path_for(version).exists():
-                log.info("rollout asks for policy version %d, this generator holds %d: loading it", version,
-                         self.policy_version)
+            log.info("rollout asks for policy version %d, this generator holds %d: loading it", version,
+                     self.policy_version)
+            try:
                 self.load_weights(version)
-            else:  # e.g. a resume on a node whose weight store was emptied: continue, not bit-exact
+            except KeyError:  # e.g. a resume on a node whose weight store was emptied: continue, not bit-exact
                 log.warning("policy version %d is no longer in the weight store: sampling with version %d",
                             version, self.policy_version)
         return steps.rollout(self.generator, problems, prompts, group_size, seed, C.sampling_params(self.cfg))
@@ -66,7 +66,10 @@ class GeneratorWorker(Worker):
             raise ValueError("generator worker has no weight store: start it through WorkerPool")
         if hasattr(self.generator, "load_weights_file"):  # vLLM: its workers read the file themselves
             version = self.store.latest() if version is None else version
-            self.generator.load_weights_file(self.store.path_for(version), version)
+            path = self.store.path_for(version)
+            if not path.exists():
+                raise KeyError(f"weight version {version} is not in {path.parent} (have {self.store.versions()})")
+            self.generator.load_weights_file(path, version)
         else:
             version, state = self.store.fetch(version)
             self.generator.load_state_dict(state, version)

@@ -71,8 +71,9 @@ class TrainerWorker(Worker):
         self.policy_version = version
         return version
 
-    def save_checkpoint(self, path: str) -> str:
-        """Trainer state (model, optimizer, scheduler, RNG, step) to path/trainer.pt and HF weights to path/hf."""
+    def save_checkpoint(self, path: str) -> str | None:
+        """Trainer state (model, optimizer, scheduler, RNG, step) to path/trainer.pt and HF weights to path/hf;
+        returns the state's canonical `state_sha256` (rank 0)."""
         self._fan_out("save_checkpoint", path)
         out = Path(path)
         state = full_state_dict(self.trainer.model) if self.world > 1 else None
@@ -85,9 +86,9 @@ class TrainerWorker(Worker):
                 state = {"model": state, "step": self.trainer.step}
                 save_atomically(state, out / "trainer.pt")
                 digest = state_sha256(state)
-            # state_sha256: equal for equal training states (the file's own bytes are not canonical)
-            (out / "worker_step.json").write_text(json.dumps({"step": self.step, "state_sha256": digest}))
-        return str(out)
+            (out / "worker_step.json").write_text(json.dumps({"step": self.step}))
+            return digest
+        return None
 
     def load_checkpoint(self, path: str) -> int:
         """Restore what save_checkpoint wrote; returns the restored step."""

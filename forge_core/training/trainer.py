@@ -7,6 +7,7 @@ import math
 import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -164,8 +165,6 @@ class Trainer:
 def save_atomically(obj, path) -> None:
     """torch.save to a temporary name, fsync, rename: `path` is either the old file or the complete new one; a
     failed write (disk full…) removes the partial file and raises."""
-    from pathlib import Path
-
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:

@@ -101,16 +101,6 @@ def stop_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # a zombie (exited, not yet reaped by its parent) counts as gone
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
-
-
 def wait_until(condition, what: str, patience_s: float = 120) -> None:
     deadline = time.monotonic() + patience_s  # liveness guard, not a speed check
     while not condition():

@@ -23,7 +23,6 @@ from tests.integration.fault_helpers import (
     existing_runs,
     kill_worker_when,
     output_of,
-    pid_gone,
     runs_root,
     start_cli_run,
     steps_recorded,
@@ -31,6 +30,7 @@ from tests.integration.fault_helpers import (
     wait_for_new_run,
     wait_until,
 )
+from workers.protocol import pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def test_interrupted_flow_process_resumes_bitwise_identical(sig, mode):
     proc.wait(timeout=300)
     output = output_of(proc)
     stop_group(proc)
-    wait_until(lambda: all(pid_gone(p) for p in pids), "every worker of the interrupted run exiting")
+    wait_until(lambda: not any(pid_alive(p) for p in pids), "every worker of the interrupted run exiting")
     if sig == signal.SIGINT:
         assert proc.returncode == 130, output[-12000:]
         assert f"forgeflow resume {run.name}" in output
