@@ -58,7 +58,8 @@ def kill_worker_when(role: str, after_step: int, killed: list, sig=signal.SIGKIL
     """In a thread: send `sig` to the role's worker of the next new run at a random moment of the step after
     `after_step` (whatever phase is running then)."""
     existing = existing_runs()
-    delay = random.uniform(0.0, 0.3)  # a step of the tiny run takes ~0.1-0.3 s
+    # a step of the tiny run takes 0.05-0.3 s: a short delay lands inside the next step, never after the last one
+    delay = random.uniform(0.0, 0.1)
     print(f"killing {role} {delay:.3f}s after step {after_step} is recorded")
 
     def watch():

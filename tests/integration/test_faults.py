@@ -79,7 +79,7 @@ def assert_records_complete(run_id: str, reference_sha: str) -> dict:
 def test_killed_worker_run_ends_bitwise_identical(role, mode):
     reference_sha = uninterrupted_sha(mode)
     killed: list[int] = []
-    watcher = kill_worker_when(role, 3, killed)
+    watcher = kill_worker_when(role, 2, killed)
     summary = grpo_flow(overrides=PIPELINED if mode == "pipelined" else RUN, run_name=f"kill-{role}-{mode}")
     watcher.join(timeout=1)
     assert killed, "the worker was never killed: the test did not exercise recovery"
