@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The CPU wheel of torch lies on this machine's disk; install it first so the range in pyproject is satisfied.
 	$(PIP) install -q "torch==2.13.0" || $(PIP) install -q "torch>=2.13,<2.15"
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,titan]"  # titan: the torchtitan trainer backend is tested on CPU
 	touch $(STAMP)
 
 install: $(STAMP)

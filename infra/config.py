@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import importlib.util
 import re
 import types
 import typing
@@ -57,6 +58,11 @@ class GeneratorConfig:
 class TrainerConfig:
     backend: str = "hf"  # hf | titan
     procs: int = 1
+    # titan only: procs = data_parallel_shard_degree × tensor_parallel_degree × pipeline_parallel_degree
+    data_parallel_shard_degree: int = -1  # -1: the ranks TP/PP leave
+    tensor_parallel_degree: int = 1
+    pipeline_parallel_degree: int = 1
+    activation_checkpointing: str = "none"  # none | full | selective
     lr: float = 1.0e-5
     max_norm: float = 1.0
     micro_batch_size: int = 32
@@ -177,6 +183,7 @@ CHOICES = {
     "generator.backend": ("torch", "vllm"),
     "trainer.backend": ("hf", "titan"),
     "trainer.schedule": ("constant", "cosine", "linear"),
+    "trainer.activation_checkpointing": ("none", "full", "selective"),
     "sft.response": ("target", "solution"),
     "ref_model.enabled": ("auto", "true", "false"),
     "launcher": ("local", "slurm", "inline"),
@@ -317,9 +324,7 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
         raise ValueError(f"{where}: group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
     if cfg.reward.timeout_s < 0:
         raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
-    if cfg.trainer.backend == "titan":
-        raise ValueError(f"{where}: trainer.backend: titan is not available yet; use trainer.backend: hf (FSDP2 over "
-                         "trainer.procs ranks)")
+    check_trainer_layout(cfg, where)
     if cfg.generator.backend == "vllm" and cfg.weightsync.backend != "fs":
         raise ValueError(f"{where}: generator.backend vllm reads weights from files: set weightsync.backend: fs "
                          "(weightsync.root on a filesystem the generator nodes share)")
@@ -330,6 +335,27 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     check_paths(cfg, where)
     check_components(cfg, where)
     return cfg
+
+
+def check_trainer_layout(cfg: RunConfig, where: str) -> None:
+    """trainer.backend titan: torchtitan installed, procs = DP shard × TP × PP; the parallel degrees need titan."""
+    t = cfg.trainer
+    if t.backend != "titan":
+        if (t.tensor_parallel_degree, t.pipeline_parallel_degree, t.activation_checkpointing) != (1, 1, "none"):
+            raise ValueError(f"{where}: trainer.tensor_parallel_degree / pipeline_parallel_degree / "
+                             "activation_checkpointing need trainer.backend: titan (the hf backend is FSDP2 only)")
+        return
+    if importlib.util.find_spec("torchtitan") is None:
+        raise ValueError(f"{where}: trainer.backend: titan needs torchtitan: pip install -e '.[titan]' "
+                         "(or use trainer.backend: hf)")
+    if t.pipeline_parallel_degree != 1:
+        raise ValueError(f"{where}: trainer.pipeline_parallel_degree > 1 is not supported by forgeflow's titan "
+                         "trainer yet (the RL loss would need a pipeline schedule); set it to 1 and use "
+                         "tensor_parallel_degree / data_parallel_shard_degree")
+    tp, dp = t.tensor_parallel_degree, t.data_parallel_shard_degree
+    if tp < 1 or t.procs % tp or (dp != -1 and dp * tp != t.procs):
+        raise ValueError(f"{where}: trainer.procs ({t.procs}) must equal data_parallel_shard_degree ({dp}) × "
+                         f"tensor_parallel_degree ({tp}); set data_parallel_shard_degree: -1 to use the rest")
 
 
 def looks_local(path: str) -> bool:

@@ -28,3 +28,65 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def titan_parallelism(procs: int, tensor_parallel: int, pipeline_parallel: int = 1):
+    """torchtitan ParallelismConfig for `procs` ranks: TP inside, FSDP over the rest."""
+    from torchtitan.config import ParallelismConfig
+
+    if procs % (tensor_parallel * pipeline_parallel):
+        raise ValueError(f"trainer.procs ({procs}) must be a multiple of trainer.tensor_parallel_degree × "
+                         f"trainer.pipeline_parallel_degree ({tensor_parallel} × {pipeline_parallel})")
+    return ParallelismConfig(data_parallel_shard_degree=procs // (tensor_parallel * pipeline_parallel),
+                             tensor_parallel_degree=tensor_parallel, pipeline_parallel_degree=pipeline_parallel,
+                             spmd_backend="partial_dtensor")
+
+
+def shard_titan_model(model, parallelism, activation_checkpointing: str = "none", bf16: bool = False):
+    """Apply torchtitan's TP/FSDP/activation checkpointing to a TitanCausalLM's decoder; returns the ParallelDims.
+    Gradients are summed across data-parallel ranks, as in `shard_model`."""
+    import tempfile
+
+    import torchtitan.distributed.parallel_dims as titan_dims
+    from torch.distributed.fsdp import FSDPModule
+    from torchtitan.config import CompileConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    from forge_core.models.titan import PARALLELIZERS, architecture_of
+
+    # torchtitan assumes CUDA when it finds no accelerator; on a CPU machine its meshes must be CPU (gloo) meshes
+    titan_dims.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    dims = ParallelDims.from_config(parallelism, dist.get_world_size())
+    dims.build_mesh()
+    ac = {"none": None, "full": FullAC.Config(), "selective": SelectiveAC.Config()}[activation_checkpointing]
+    precision = "bfloat16" if bf16 else "float32"
+    with tempfile.TemporaryDirectory() as dump_folder:
+        PARALLELIZERS[architecture_of(model.hf_config)]()(
+            model.decoder, parallel_dims=dims, training=TrainingConfig(mixed_precision_param=precision),
+            parallelism=parallelism, compile_config=CompileConfig(), ac_config=ac, dump_folder=dump_folder)
+    embedding = model.decoder.tok_embeddings
+    if embedding.tp_group is not None and embedding.padding_idx is not None:
+        # each TP rank holds rows [offset, offset + rows) and looks up local indices: localise the pad row
+        rows = embedding.weight.to_local().shape[0] if hasattr(embedding.weight, "to_local") else embedding.weight.shape[0]
+        offset = dist.get_rank(embedding.tp_group) * -(-embedding.num_embeddings // dist.get_world_size(embedding.tp_group))
+        pad = model.hf_config.pad_token_id
+        embedding.padding_idx = pad - offset if offset <= pad < offset + rows else None
+    gloo = dist.get_backend() == "gloo"
+    for module in model.decoder.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            if gloo:  # gloo has no AVG/PREMUL_SUM reductions
+                module.set_force_sum_reduction_for_comms(True)
+    return dims
+
+
+def apply_activation_checkpointing(model, mode: str) -> None:
+    """torchtitan's full or selective activation checkpointing on a TitanCausalLM's blocks (one rank)."""
+    import tempfile
+
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    config = {"full": FullAC.Config(), "selective": SelectiveAC.Config()}[mode]
+    with tempfile.TemporaryDirectory() as dump_folder:
+        config.build(dump_folder=dump_folder).apply(model.decoder)

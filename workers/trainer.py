@@ -37,7 +37,10 @@ class TrainerWorker(Worker):
         model, self.tokenizer = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed,
                                                          dtype=dtype_of(cfg))
         model = model.to(worker_device(cfg, self.role))
-        if self.world > 1:
+        self.tp = 1  # ranks that share one slice of the batch (tensor parallelism)
+        if cfg.trainer.backend == "titan":
+            model = self._build_titan(model)
+        elif self.world > 1:
             shard_model(model)
         self.trainer = Trainer(model, C.build_loss(cfg), C.trainer_settings(cfg), self.tokenizer.pad_token_id)
         self.store = store
@@ -51,7 +54,9 @@ class TrainerWorker(Worker):
         self.calls += 1
         adv = dict(self.cfg.advantage)
         episodes, metrics = steps.compute_advantages(groups, adv.pop("name"), self.cfg.filter_groups, **adv)
-        mine = episodes[self.rank::self.world] if self.world > 1 else episodes
+        # data-parallel slice: the ranks of one tensor-parallel group (adjacent ranks) share it
+        dp_rank, dp_size = self.rank // self.tp, self.world // self.tp
+        mine = episodes[dp_rank::dp_size] if dp_size > 1 else episodes
         metrics.update(self._train(mine, total_episodes=len(episodes)))
         self.step = self.step + 1 if step is None else step + 1
         metrics["policy_version"] = float(self._publish(self.step))
@@ -63,11 +68,40 @@ class TrainerWorker(Worker):
         self._fan_out("publish_weights", version)
         return self._publish(version)
 
+    def _build_titan(self, hf_model):
+        """The torchtitan twin of `hf_model`, parallelized over this job's ranks (TP inside, FSDP over the rest)."""
+        from forge_core.models.titan import titan_from_hf
+        from workers.sharding import apply_activation_checkpointing, shard_titan_model, titan_parallelism
+
+        t = self.cfg.trainer
+        self.tp = t.tensor_parallel_degree
+        if self.tp > 1 and hf_model.config.tie_word_embeddings:
+            # measured: tied embedding/head weights get wrong gradients under torchtitan's TP plan
+            raise ValueError(f"trainer.tensor_parallel_degree {self.tp} with a model whose embeddings are tied "
+                             f"({self.cfg.model.path}) gives wrong gradients; use tensor_parallel_degree: 1 "
+                             "(FSDP over all trainer.procs) for it")
+        parallelism = titan_parallelism(self.world, self.tp)
+        model = titan_from_hf(hf_model, parallelism)
+        if self.world > 1:
+            bf16 = next(model.parameters()).is_cuda  # bf16 compute, fp32 master weights (torchtitan's default)
+            shard_titan_model(model, parallelism, t.activation_checkpointing, bf16=bf16)
+        elif t.activation_checkpointing != "none":
+            apply_activation_checkpointing(model, t.activation_checkpointing)
+        return model
+
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """The unsharded model state (collective when sharded), in the backend's own layout."""
+        return full_state_dict(self.trainer.model) if self.world > 1 else self.trainer.model.state_dict()
+
+    def _hf_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`state` in HF layout (what generators and the reference load)."""
+        return self.trainer.model.to_hf_state_dict(state) if self.cfg.trainer.backend == "titan" else state
+
     def _publish(self, version: int) -> int:
         # collective when sharded: every rank gathers, rank 0 writes
-        state = full_state_dict(self.trainer.model) if self.world > 1 else self.trainer.model.state_dict()
+        state = self._full_state()
         if self.rank == 0 and self.store is not None:
-            self.store.publish(version, state)
+            self.store.publish(version, self._hf_state(state))
         self.policy_version = version
         return version
 
@@ -81,11 +115,13 @@ class TrainerWorker(Worker):
             out.mkdir(parents=True, exist_ok=True)
             if self.world == 1:
                 digest = self.trainer.save(out / "trainer.pt")
-                save_model_and_tokenizer(self.trainer.model, self.tokenizer, out / "hf")
             else:
-                state = {"model": state, "step": self.trainer.step}
-                save_atomically(state, out / "trainer.pt")
-                digest = state_sha256(state)
+                save_atomically({"model": state, "step": self.trainer.step}, out / "trainer.pt")
+                digest = state_sha256({"model": state, "step": self.trainer.step})
+            if self.world == 1 or self.cfg.trainer.backend == "titan":
+                hf_model = (self.trainer.model.to_hf_model(state) if self.cfg.trainer.backend == "titan"
+                            else self.trainer.model)
+                save_model_and_tokenizer(hf_model, self.tokenizer, out / "hf")
             (out / "worker_step.json").write_text(json.dumps({"step": self.step}))
             return digest
         return None
@@ -114,13 +150,15 @@ class TrainerWorker(Worker):
         from forge_core.training import episodes_to_train_inputs
 
         inputs, targets = episodes_to_train_inputs(episodes, self.tokenizer.pad_token_id)
-        # global normalisers: every rank divides by the whole batch's token/sequence count, gradients are summed
+        # global normalisers: every rank divides by the whole batch's token/sequence count, gradients are summed;
+        # the tp ranks of one tensor-parallel group hold the same slice, so sums over all ranks count it tp times
         counts = torch.tensor([targets["padding_mask"].sum().item(), float(len(episodes))], dtype=torch.float64)
         dist.all_reduce(counts)
+        counts /= self.tp
         self.trainer.train_step(inputs, targets, num_tokens=int(counts[0]), num_seqs=int(counts[1]))
         loss = torch.tensor([self.trainer.metrics["loss"]], dtype=torch.float64)
         dist.all_reduce(loss)
-        return {**{f"loss/{k}": v for k, v in self.trainer.metrics.items()}, "loss/loss": float(loss)}
+        return {**{f"loss/{k}": v for k, v in self.trainer.metrics.items()}, "loss/loss": float(loss) / self.tp}
 
     def _fan_out(self, method: str, *args) -> None:
         """On rank 0 of a multi-rank trainer: send the call to the other ranks before running it here."""

@@ -65,8 +65,6 @@ def test_bad_components_and_missing_files_fail_at_load(tmp_path):
         load_config(None, {"generator.max_new_tokens": 0})
     with pytest.raises(ValueError, match="trainer.lr must be > 0"):
         load_config(None, {"trainer.lr": 0})
-    with pytest.raises(ValueError, match="trainer.backend: titan is not available yet"):
-        load_config(None, {"trainer.backend": "titan"})
     with pytest.raises(ValueError, match="reward.timeout_s must be >= 0"):
         load_config(None, {"reward.timeout_s": -1})
     missing = tmp_path / "gsm8k.jsonl"
