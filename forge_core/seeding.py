@@ -16,3 +16,15 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def rng_states() -> dict:
+    """The states of the generators `seed_everything` seeds (CPU torch, Python, NumPy)."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def restore_rng_states(states: dict) -> None:
+    """Undo to what `rng_states` returned."""
+    torch.set_rng_state(states["torch"].cpu())  # map_location may have moved it to the GPU
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])

@@ -22,6 +22,7 @@ from forge_core.types import Group
 from infra import components as C
 from infra.config import RunConfig
 from workers.base import Worker, dtype_of, model_source, worker_device
+from workers.sharded_checkpoint import load_sharded, save_sharded
 from workers.sharding import full_state_dict, shard_model
 
 log = logging.getLogger(__name__)
@@ -106,35 +107,51 @@ class TrainerWorker(Worker):
         return version
 
     def save_checkpoint(self, path: str) -> str | None:
-        """Trainer state (model, optimizer, scheduler, RNG, step) to path/trainer.pt and HF weights to path/hf;
-        returns the state's canonical `state_sha256` (rank 0)."""
+        """Trainer state (model, optimizer, scheduler, RNG, step) to path/trainer.pt — with several ranks, model and
+        optimizer shards to path/dcp and the gathered model to trainer.pt — and HF weights to path/hf; returns the
+        state's canonical `state_sha256` (rank 0)."""
         self._fan_out("save_checkpoint", path)
         out = Path(path)
-        state = full_state_dict(self.trainer.model) if self.world > 1 else None
-        if self.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            if self.world == 1:
-                digest = self.trainer.save(out / "trainer.pt")
-            else:
-                save_atomically({"model": state, "step": self.trainer.step}, out / "trainer.pt")
-                digest = state_sha256({"model": state, "step": self.trainer.step})
-            if self.world == 1 or self.cfg.trainer.backend == "titan":
-                hf_model = (self.trainer.model.to_hf_model(state) if self.cfg.trainer.backend == "titan"
-                            else self.trainer.model)
-                save_model_and_tokenizer(hf_model, self.tokenizer, out / "hf")
-            (out / "worker_step.json").write_text(json.dumps({"step": self.step}))
-            return digest
-        return None
+        if self.world > 1:
+            small_state = save_sharded(self.trainer, out)  # collective
+            state = full_state_dict(self.trainer.model)  # collective
+        if self.rank != 0:
+            return None
+        out.mkdir(parents=True, exist_ok=True)
+        if self.world == 1:
+            digest = self.trainer.save(out / "trainer.pt")
+            state = self.trainer.model.state_dict()
+        else:
+            save_atomically({"model": state, **small_state}, out / "trainer.pt")
+            digest = state_sha256({"model": state, "step": self.trainer.step})
+        save_model_and_tokenizer(self._hf_model(state), self.tokenizer, out / "hf")
+        (out / "worker_step.json").write_text(json.dumps({"step": self.step}))
+        return digest
 
     def load_checkpoint(self, path: str) -> int:
-        """Restore what save_checkpoint wrote; returns the restored step."""
+        """Restore what save_checkpoint wrote (any number of ranks reads a sharded one); returns the restored step."""
         self._fan_out("load_checkpoint", path)
         if self.world > 1:
-            raise ValueError("load_checkpoint with trainer.procs > 1 is not supported yet; resume with procs: 1")
-        self.trainer.load(Path(path) / "trainer.pt")
+            small_state = torch.load(Path(path) / "trainer.pt", weights_only=False, map_location="cpu")
+            small_state.pop("model")
+            load_sharded(self.trainer, Path(path), small_state)
+        else:
+            self.trainer.load(Path(path) / "trainer.pt")
         # the run's step also counts steps whose batch was empty (no optimizer step)
         self.step = self.policy_version = json.loads((Path(path) / "worker_step.json").read_text())["step"]
         return self.step
+
+    def _hf_model(self, state: dict[str, torch.Tensor]):
+        """A transformers model with the full weights `state` (for save_pretrained)."""
+        if self.cfg.trainer.backend == "titan":
+            return self.trainer.model.to_hf_model(state)
+        if self.world == 1:
+            return self.trainer.model
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(self.trainer.model.config)
+        model.load_state_dict(state)
+        return model
 
     def shutdown(self) -> bool:
         self._fan_out("shutdown")
@@ -171,6 +188,11 @@ class TrainerWorker(Worker):
             box = [None]
             dist.broadcast_object_list(box, src=0)
             method, args = box[0]
-            getattr(self, method)(*args)
+            try:
+                getattr(self, method)(*args)
+            except Exception:
+                # rank 0 raised the same error (the methods decide collectively) and reports it to the controller;
+                # this rank stays to serve the next call (a resume from an older checkpoint, or shutdown)
+                log.exception("rank %d: %s failed; waiting for the next call", self.rank, method)
             if method == "shutdown":
                 return

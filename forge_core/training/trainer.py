@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from forge_core.seeding import restore_rng_states, rng_states
 from forge_core.training.batching import collate
 from forge_core.training.logprobs import sequence_logprobs
 from forge_core.training.state_hash import state_sha256
@@ -138,7 +137,7 @@ class Trainer:
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "step": self.step,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+            "rng": rng_states(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -147,9 +146,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
-        torch.set_rng_state(state["rng"]["torch"].cpu())  # map_location may have moved it to the GPU
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
+        restore_rng_states(state["rng"])
 
     def save(self, path) -> str:
         """Write `state_dict()` atomically to `path`; returns its canonical `state_sha256`."""

@@ -83,3 +83,31 @@ def test_titan_tensor_parallel_refuses_tied_embeddings(tmp_path):
     with pytest.raises(Exception, match="tied"):
         with WorkerPool(cfg, tmp_path, roles=("trainer",)):
             pass
+
+
+@pytest.mark.parametrize("backend", ["hf", "titan"])
+def test_two_rank_sharded_checkpoint_resumes_exactly(tmp_path, backend):
+    cfg = tiny_config("local", **SETTINGS, **{"trainer.procs": 2, "trainer.backend": backend})
+    model, tok = load_model_and_tokenizer(cfg.model.path, seed=0)
+    groups = scored_groups(cfg, model, tok)
+    ckpt = tmp_path / "step-1"
+    with WorkerPool(cfg, tmp_path / "a", roles=("trainer",)) as pool:
+        pool.call("trainer", "train_step", groups, 0)
+        pool.call("trainer", "save_checkpoint", str(ckpt))
+        straight = pool.call("trainer", "train_step", groups, 1)
+        straight_weights = FSWeightStore(pool.store_root).fetch(2)[1]
+    assert sorted(p.name for p in (ckpt / "dcp").iterdir())  # one shard file per rank (+ metadata)
+    with WorkerPool(cfg, tmp_path / "b", roles=("trainer",)) as pool:
+        assert pool.call("trainer", "load_checkpoint", str(ckpt)) == 1
+        resumed = pool.call("trainer", "train_step", groups, 1)
+        resumed_weights = FSWeightStore(pool.store_root).fetch(2)[1]
+    # equal only if the optimizer moments and the schedule came back too
+    assert resumed["loss/loss"] == straight["loss/loss"]
+    assert resumed["loss/grad_norm"] == straight["loss/grad_norm"]
+    assert all(torch.equal(resumed_weights[k], straight_weights[k]) for k in straight_weights)
+    # a changed shard file is refused by name
+    shard = next(p for p in (ckpt / "dcp").iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:-8])
+    with WorkerPool(cfg, tmp_path / "c", roles=("trainer",)) as pool:
+        with pytest.raises(Exception, match=f"shard files missing or changed: \\['{shard.name}'\\]"):
+            pool.call("trainer", "load_checkpoint", str(ckpt))
