@@ -9,7 +9,6 @@ import asyncio
 
 import torch
 
-
 LATEST = "policy/latest"
 
 

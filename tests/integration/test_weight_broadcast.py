@@ -1,0 +1,76 @@
+"""Collective weight sync: a trainer process broadcasts each version to two generator processes (gloo, real
+processes); generators fetch by version, keep the newest two, and a dead generator makes publish fail clearly."""
+
+import multiprocessing as mp
+import os
+import socket
+
+import pytest
+import torch
+
+from infra.weightsync.broadcast import BroadcastWeightSync
+
+pytestmark = pytest.mark.integration
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def weights(version: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(version)
+    return {"embed": torch.randn(50, 16, generator=g), "norm": torch.ones(16) * version,
+            "head": torch.randn(50, 16, generator=g).to(torch.bfloat16)}
+
+
+def generator_process(address, rank, results, die_after):
+    torch.set_num_threads(1)
+    sync = BroadcastWeightSync(address, rank, 3, keep=2, timeout_s=60)
+    if die_after:
+        sync.fetch(1)
+        os._exit(0)  # a generator that goes away without a word
+    got = {}
+    for version in (2, 3):
+        v, state = sync.fetch(version)
+        got[v] = all(torch.equal(state[k], weights(v)[k]) and state[k].dtype == weights(v)[k].dtype
+                     for k in weights(v))
+    sync.close()  # returns when the trainer says stop
+    with pytest.raises(KeyError, match="not kept"):
+        sync.fetch(1)  # keep=2: version 1 was dropped when 3 arrived
+    results.put((rank, got, sync.latest()))
+
+
+def start_generators(address, die_after=False):
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=generator_process, args=(address, r, results, die_after)) for r in (1, 2)]
+    for p in procs:
+        p.start()
+    return procs, results
+
+
+def test_broadcast_reaches_every_generator_in_version_order():
+    address = free_address()
+    procs, results = start_generators(address)
+    trainer = BroadcastWeightSync(address, 0, 3, timeout_s=60)
+    for version in (1, 2, 3):
+        trainer.publish(version, weights(version))
+    trainer.close()
+    got = sorted(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+    assert got == [(1, {2: True, 3: True}, 3), (2, {2: True, 3: True}, 3)]
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+def test_publish_names_the_fix_when_a_generator_is_gone():
+    address = free_address()
+    procs, _ = start_generators(address, die_after=True)
+    trainer = BroadcastWeightSync(address, 0, 3, timeout_s=10)
+    trainer.publish(1, weights(1))
+    for p in procs:
+        p.join(30)
+    with pytest.raises(RuntimeError, match="weightsync.backend: fs"):
+        trainer.publish(2, weights(2))
