@@ -90,6 +90,15 @@ def check_capacity(cfg: RunConfig, jobs: list[JobPlan]) -> None:
                          "generator.num_replicas / trainer.procs, or raise slurm.nodes")
 
 
+def titan_layout(cfg) -> str:
+    """' (FSDP d x TP t, AC mode)' for trainer.backend titan, else ''."""
+    t = cfg.trainer
+    if t.backend != "titan":
+        return ""
+    dp = t.procs // t.tensor_parallel_degree
+    return f" (FSDP {dp} x TP {t.tensor_parallel_degree}, activation checkpointing {t.activation_checkpointing})"
+
+
 def render_plan(cfg: RunConfig, jobs: list[JobPlan], config_path: str) -> str:
     """A human-readable plan: the resolved recipe and one line per worker job."""
     lines = [f"plan for {config_path}: {cfg.steps} GRPO steps ({cfg.loss['name']}), {cfg.prompts_per_step} prompts x "
@@ -99,7 +108,8 @@ def render_plan(cfg: RunConfig, jobs: list[JobPlan], config_path: str) -> str:
                                              f"{cfg.slurm.nodes} node(s) x {cfg.slurm.gpus_per_node} GPU, "
                                              f"time {cfg.slurm.time}" if cfg.launcher == "slurm" else
                                              f" ({cfg.workers.gpus} GPUs offered)" if cfg.workers.gpus else ""),
-             f"  generator backend {cfg.generator.backend}, trainer backend {cfg.trainer.backend}, weight sync "
+             f"  generator backend {cfg.generator.backend}, trainer backend {cfg.trainer.backend}{titan_layout(cfg)}, "
+             "weight sync "
              f"{cfg.weightsync.backend} every {cfg.weightsync.sync_every} step(s)",
              f"  {'job':<14}{'role':<11}{'ranks':>6}{'nodes':>7}{'GPUs/node':>11}{'GPUs':>6}"]
     for j in jobs:

@@ -83,3 +83,11 @@ def test_cli_scale_out_flags_reach_the_plan():
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2  # 16 + generator + reference > 16 GPUs
     assert "needs 18 GPUs" in out.stderr and "raise slurm.nodes" in out.stderr
+
+
+def test_titan_recipe_plan_shows_its_parallel_layout():
+    cfg, jobs = jobs_for("configs/distributed.yaml")
+    text = render_plan(cfg, jobs, "configs/distributed.yaml")
+    assert "trainer backend titan (FSDP 4 x TP 2, activation checkpointing selective)" in text
+    cfg, jobs = jobs_for("configs/distributed.yaml", **{"trainer.tensor_parallel_degree": 8})
+    assert "FSDP 1 x TP 8" in render_plan(cfg, jobs, "configs/distributed.yaml")
