@@ -93,3 +93,20 @@ def test_titan_layout_accepts_fsdp_times_tp():
     cfg = load_config("configs/grpo_math_tiny.yaml", {"trainer.backend": "titan", "trainer.procs": 4,
                                                       "trainer.tensor_parallel_degree": 2})
     assert cfg.trainer.data_parallel_shard_degree == -1
+
+
+def test_sft_phase_with_titan_backend_equals_hf_backend(tmp_path):
+    from flows.inprocess import sft_phase
+    from infra import components as C
+
+    saved = {}
+    for backend in ("hf", "titan"):
+        cfg = load_config("configs/grpo_math_tiny.yaml", {"model.path": "tiny:qwen3-micro", "sft.steps": 3,
+                                                          "sft.batch_size": 8, "trainer.backend": backend})
+        model, tok = load_model_and_tokenizer(cfg.model.path, seed=0)
+        before = model.state_dict()["model.norm.weight"].clone()
+        path = sft_phase(cfg, model, tok, C.build_splits(cfg, tok), tmp_path / backend, show=False)
+        saved[backend], _ = load_model_and_tokenizer(str(path))
+        assert not torch.equal(model.state_dict()["model.norm.weight"], before)  # the HF model got the new weights
+    a, b = saved["hf"].state_dict(), saved["titan"].state_dict()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
