@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -32,20 +33,22 @@ def save_sharded(trainer, out: Path) -> dict | None:
             "dcp_sha256": shard_digests(out / SHARDS)}
 
 
-def load_sharded(trainer, path: Path, small_state: dict) -> None:
-    """Collective: restore what save_sharded wrote (resharding to this job's ranks). Raises ValueError when a shard
-    file does not match the digest recorded with it."""
+def load_sharded(trainer, path: Path) -> None:
+    """Collective: restore what save_sharded wrote (resharding to this job's ranks). Rank 0 reads the small state
+    from path/trainer.pt and checks the shard digests; every rank raises ValueError when a shard does not match."""
     folder = path / SHARDS
+    box = [None, None]  # (small state, error)
     if dist.get_rank() == 0:
+        small_state = torch.load(path / "trainer.pt", weights_only=False, map_location="cpu")
+        small_state.pop("model")  # the gathered copy: the shards hold the same weights
         found = shard_digests(folder) if folder.is_dir() else {}
         bad = sorted(name for name, digest in small_state["dcp_sha256"].items() if found.get(name) != digest)
-        verdict = [f"checkpoint {path}: shard files missing or changed: {bad}; resume from an earlier checkpoint "
-                   "(delete this step's COMPLETE marker)"] if bad else [None]
-    else:
-        verdict = [None]
-    dist.broadcast_object_list(verdict, src=0)  # every rank raises, or none does
-    if verdict[0]:
-        raise ValueError(verdict[0])
+        box = [small_state, f"checkpoint {path}: shard files missing or changed: {bad}; resume from an earlier "
+                            "checkpoint (delete this step's COMPLETE marker)" if bad else None]
+    dist.broadcast_object_list(box, src=0)  # every rank raises, or none does
+    small_state, error = box
+    if error:
+        raise ValueError(error)
     model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(folder))

@@ -30,16 +30,14 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def titan_parallelism(procs: int, tensor_parallel: int, pipeline_parallel: int = 1):
-    """torchtitan ParallelismConfig for `procs` ranks: TP inside, FSDP over the rest."""
+def titan_parallelism(procs: int, tensor_parallel: int):
+    """torchtitan ParallelismConfig for `procs` ranks: TP inside, FSDP over the rest (config validation checked
+    that TP divides procs)."""
     from torchtitan.config import ParallelismConfig
 
-    if procs % (tensor_parallel * pipeline_parallel):
-        raise ValueError(f"trainer.procs ({procs}) must be a multiple of trainer.tensor_parallel_degree × "
-                         f"trainer.pipeline_parallel_degree ({tensor_parallel} × {pipeline_parallel})")
-    return ParallelismConfig(data_parallel_shard_degree=procs // (tensor_parallel * pipeline_parallel),
-                             tensor_parallel_degree=tensor_parallel, pipeline_parallel_degree=pipeline_parallel,
-                             spmd_backend="partial_dtensor")
+    assert procs % tensor_parallel == 0, (procs, tensor_parallel)
+    return ParallelismConfig(data_parallel_shard_degree=procs // tensor_parallel,
+                             tensor_parallel_degree=tensor_parallel, spmd_backend="partial_dtensor")
 
 
 def shard_titan_model(model, parallelism, activation_checkpointing: str = "none", bf16: bool = False):
@@ -51,20 +49,17 @@ def shard_titan_model(model, parallelism, activation_checkpointing: str = "none"
     from torch.distributed.fsdp import FSDPModule
     from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-
-    from forge_core.models.titan import PARALLELIZERS, architecture_of
 
     # torchtitan assumes CUDA when it finds no accelerator; on a CPU machine its meshes must be CPU (gloo) meshes
     titan_dims.device_type = "cuda" if torch.cuda.is_available() else "cpu"
     dims = ParallelDims.from_config(parallelism, dist.get_world_size())
     dims.build_mesh()
-    ac = {"none": None, "full": FullAC.Config(), "selective": SelectiveAC.Config()}[activation_checkpointing]
     precision = "bfloat16" if bf16 else "float32"
     with tempfile.TemporaryDirectory() as dump_folder:
-        PARALLELIZERS[architecture_of(model.hf_config)]()(
+        model.architecture.load("parallelize")(
             model.decoder, parallel_dims=dims, training=TrainingConfig(mixed_precision_param=precision),
-            parallelism=parallelism, compile_config=CompileConfig(), ac_config=ac, dump_folder=dump_folder)
+            parallelism=parallelism, compile_config=CompileConfig(),
+            ac_config=activation_checkpointing_config(activation_checkpointing), dump_folder=dump_folder)
     embedding = model.decoder.tok_embeddings
     if embedding.tp_group is not None and embedding.padding_idx is not None:
         # each TP rank holds rows [offset, offset + rows) and looks up local indices: localise the pad row
@@ -81,12 +76,16 @@ def shard_titan_model(model, parallelism, activation_checkpointing: str = "none"
     return dims
 
 
-def apply_activation_checkpointing(model, mode: str) -> None:
-    """torchtitan's full or selective activation checkpointing on a TitanCausalLM's blocks (one rank)."""
-    import tempfile
-
+def activation_checkpointing_config(mode: str):
+    """torchtitan's activation-checkpointing config for trainer.activation_checkpointing (None for "none")."""
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
-    config = {"full": FullAC.Config(), "selective": SelectiveAC.Config()}[mode]
+    return {"none": None, "full": FullAC.Config(), "selective": SelectiveAC.Config()}[mode]
+
+
+def apply_activation_checkpointing(model, mode: str) -> None:
+    """Activation checkpointing on a TitanCausalLM's blocks without parallelizing it (one rank)."""
+    import tempfile
+
     with tempfile.TemporaryDirectory() as dump_folder:
-        config.build(dump_folder=dump_folder).apply(model.decoder)
+        activation_checkpointing_config(mode).build(dump_folder=dump_folder).apply(model.decoder)

@@ -112,15 +112,13 @@ class TrainerWorker(Worker):
         state's canonical `state_sha256` (rank 0)."""
         self._fan_out("save_checkpoint", path)
         out = Path(path)
-        if self.world > 1:
-            small_state = save_sharded(self.trainer, out)  # collective
-            state = full_state_dict(self.trainer.model)  # collective
+        small_state = save_sharded(self.trainer, out) if self.world > 1 else None  # collective
+        state = self._full_state()  # collective when sharded
         if self.rank != 0:
             return None
         out.mkdir(parents=True, exist_ok=True)
         if self.world == 1:
             digest = self.trainer.save(out / "trainer.pt")
-            state = self.trainer.model.state_dict()
         else:
             save_atomically({"model": state, **small_state}, out / "trainer.pt")
             digest = state_sha256({"model": state, "step": self.trainer.step})
@@ -132,9 +130,7 @@ class TrainerWorker(Worker):
         """Restore what save_checkpoint wrote (any number of ranks reads a sharded one); returns the restored step."""
         self._fan_out("load_checkpoint", path)
         if self.world > 1:
-            small_state = torch.load(Path(path) / "trainer.pt", weights_only=False, map_location="cpu")
-            small_state.pop("model")
-            load_sharded(self.trainer, Path(path), small_state)
+            load_sharded(self.trainer, Path(path))
         else:
             self.trainer.load(Path(path) / "trainer.pt")
         # the run's step also counts steps whose batch was empty (no optimizer step)

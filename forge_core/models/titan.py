@@ -8,6 +8,9 @@ are right-padded, so causal attention never lets a real token see padding.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -90,22 +93,26 @@ def llama3_config(hf_config):
         layers=_sdpa_layers(layers))
 
 
-def _qwen3_adapter(config):
-    from torchtitan.models.qwen3 import Qwen3StateDictAdapter
+@dataclass(frozen=True)
+class TitanArchitecture:
+    """Where torchtitan keeps one model family: its module, state-dict adapter and parallelize function."""
 
-    return Qwen3StateDictAdapter(config, None)
+    build_config: Callable
+    module: str
+    adapter: str
+    parallelize: str
+
+    def load(self, name: str):
+        """The named attribute of the torchtitan module (imported on first use: torchtitan is optional)."""
+        return getattr(importlib.import_module(self.module), getattr(self, name))
 
 
-def _llama3_adapter(config):
-    from torchtitan.models.llama3 import Llama3StateDictAdapter
-
-    return Llama3StateDictAdapter(config, None)
-
-
-# HF architecture name -> (titan config builder, state-dict adapter builder)
+# HF architecture name -> its torchtitan family
 ARCHITECTURES = {
-    "Qwen3ForCausalLM": (qwen3_config, _qwen3_adapter),
-    "LlamaForCausalLM": (llama3_config, _llama3_adapter),
+    "Qwen3ForCausalLM": TitanArchitecture(qwen3_config, "torchtitan.models.qwen3", "Qwen3StateDictAdapter",
+                                          "parallelize_qwen3"),
+    "LlamaForCausalLM": TitanArchitecture(llama3_config, "torchtitan.models.llama3", "Llama3StateDictAdapter",
+                                          "parallelize_llama"),
 }
 
 
@@ -123,16 +130,16 @@ class TitanCausalLM(torch.nn.Module):
 
     def __init__(self, hf_config, parallelism=None):
         super().__init__()
-        build_config, build_adapter = ARCHITECTURES[architecture_of(hf_config)]
+        self.architecture = ARCHITECTURES[architecture_of(hf_config)]
         self.hf_config = hf_config
-        self.titan_config = build_config(hf_config)
+        self.titan_config = self.architecture.build_config(hf_config)
         if parallelism is not None:  # a torchtitan ParallelismConfig: sets the TP/SP sharding plan of the modules
             self.titan_config.update_from_config(config=SimpleNamespace(parallelism=parallelism))
         self.decoder = self.titan_config.build()
         self.decoder.init_states(buffer_device=torch.device("cpu"))
         # as HF's nn.Embedding(padding_idx=pad_token_id): the pad row gets no gradient through the embedding lookup
         self.decoder.tok_embeddings.padding_idx = getattr(hf_config, "pad_token_id", None)
-        self.adapter = build_adapter(self.titan_config)
+        self.adapter = self.architecture.load("adapter")(self.titan_config, None)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
         """SimpleNamespace(logits [B, L, V]) for right-padded input_ids [B, L]."""
@@ -183,18 +190,3 @@ def titan_from_hf(hf_model, parallelism=None) -> TitanCausalLM:
     model.load_hf_state_dict(hf_model.state_dict())
     return model
 
-
-def _parallelize_qwen3():
-    from torchtitan.models.qwen3 import parallelize_qwen3
-
-    return parallelize_qwen3
-
-
-def _parallelize_llama3():
-    from torchtitan.models.llama3 import parallelize_llama
-
-    return parallelize_llama
-
-
-# HF architecture name -> torchtitan's parallelize function (TP, activation checkpointing, FSDP)
-PARALLELIZERS = {"Qwen3ForCausalLM": _parallelize_qwen3, "LlamaForCausalLM": _parallelize_llama3}

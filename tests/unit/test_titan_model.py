@@ -92,7 +92,9 @@ def test_titan_layout_errors_name_the_key(overrides, message):
 def test_titan_layout_accepts_fsdp_times_tp():
     cfg = load_config("configs/grpo_math_tiny.yaml", {"trainer.backend": "titan", "trainer.procs": 4,
                                                       "trainer.tensor_parallel_degree": 2})
-    assert cfg.trainer.data_parallel_shard_degree == -1
+    from infra.launcher.plan import titan_layout
+
+    assert titan_layout(cfg) == " (FSDP 2 x TP 2, activation checkpointing none)"
 
 
 def test_sft_phase_with_titan_backend_equals_hf_backend(tmp_path):
