@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import secrets
 import shutil
 import socket
 import threading
@@ -162,8 +163,11 @@ class WorkerPool:
 
     def _submit(self, plan: RolePlan, index: int) -> Member:
         name = f"{plan.role}-{index}"
-        rendezvous = self.workers_dir / f"{name}.rendezvous.json"
-        rendezvous.unlink(missing_ok=True)
+        # one file per launch: a worker of an earlier launch of this run (orphaned by a killed controller, or still
+        # starting when a pool start failed) may write its rendezvous late and must never be taken for this one
+        for stale in self.workers_dir.glob(f"{name}.*.rendezvous.json"):
+            stale.unlink(missing_ok=True)
+        rendezvous = self.workers_dir / f"{name}.{secrets.token_hex(4)}.rendezvous.json"
         inline = self.cfg.launcher == "inline"
         spec = WorkerSpec(
             role=plan.role, name=name, cfg=config_to_dict(self.cfg), rendezvous=str(rendezvous),

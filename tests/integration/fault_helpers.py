@@ -65,7 +65,8 @@ def kill_worker_when(role: str, after_step: int, killed: list, sig=signal.SIGKIL
     def watch():
         run = wait_for_new_run(existing, after_step)
         time.sleep(delay)
-        rv = read_rendezvous(run / "workers" / f"{role}-0.rendezvous.json")
+        launches = sorted((run / "workers").glob(f"{role}-0.*.rendezvous.json"), key=lambda p: p.stat().st_mtime)
+        rv = read_rendezvous(launches[-1])  # the current launch of the worker
         os.kill(rv.pid, sig)
         killed.append(rv.pid)
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,31 @@ def test_killed_controller_leaves_no_orphans(tmp_path):
         assert not any(pid_alive(x) for x in pids), "workers outlived their controller"
     finally:
         proc.kill()
+
+
+def test_a_late_rendezvous_from_an_earlier_launch_is_never_used(tmp_path):
+    # a worker of an earlier launch of the same run (orphaned by a killed controller, or still starting when that
+    # pool start failed) can write its rendezvous after the next launch began; the new pool must not take it
+    import threading
+
+    from workers.protocol import Rendezvous, write_rendezvous
+
+    cfg = tiny_config("local")
+    with WorkerPool(cfg, tmp_path / "run", roles=("reward",)) as first:
+        earlier = first.members["reward"][0].spec.rendezvous
+    stop = threading.Event()
+
+    def late_writer():  # the earlier launch's worker, pointing at a port nobody serves
+        while not stop.is_set():
+            write_rendezvous(Path(earlier), Rendezvous("reward", "127.0.0.1", 9, 999999))
+            time.sleep(0.01)
+
+    writer = threading.Thread(target=late_writer, daemon=True)
+    writer.start()
+    try:
+        with WorkerPool(cfg, tmp_path / "run", roles=("reward",)) as second:
+            assert second.members["reward"][0].spec.rendezvous != earlier
+            assert second.health()["reward"][0]["pid"] != 999999
+    finally:
+        stop.set()
+        writer.join()
