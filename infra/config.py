@@ -99,7 +99,7 @@ class RewardConfig:
 
 @dataclass
 class WeightSyncConfig:
-    backend: str = "fs"  # fs | torchstore
+    backend: str = "fs"  # fs | torchstore | broadcast
     root: str | None = None  # null = /dev/shm/forgeflow-<run_id> (one node); a shared path for several nodes
     keep: int = 2
     sync_every: int = 1  # publish to the generators every N steps (> 1 needs max_policy_age >= N - 1)
@@ -188,7 +188,7 @@ CHOICES = {
     "ref_model.enabled": ("auto", "true", "false"),
     "launcher": ("local", "slurm", "inline"),
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "weightsync.backend": ("fs", "torchstore"),
+    "weightsync.backend": ("fs", "torchstore", "broadcast"),
 }
 POSITIVE = ("prompts_per_step", "group_size", "generator.max_new_tokens", "trainer.micro_batch_size",
             "generator.procs", "generator.num_replicas", "trainer.procs", "eval.num_prompts",
@@ -326,8 +326,9 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
         raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
     check_trainer_layout(cfg, where)
     if cfg.generator.backend == "vllm" and cfg.weightsync.backend != "fs":
-        raise ValueError(f"{where}: generator.backend vllm reads weights from files: set weightsync.backend: fs "
-                         "(weightsync.root on a filesystem the generator nodes share)")
+        raise ValueError(f"{where}: generator.backend vllm reads weights from files, so weightsync.backend "
+                         f"{cfg.weightsync.backend!r} cannot feed it: set weightsync.backend: fs (weightsync.root on "
+                         "a filesystem the generator nodes share)")
     if cfg.weightsync.sync_every > cfg.max_policy_age + 1:
         raise ValueError(f"{where}: weightsync.sync_every = {cfg.weightsync.sync_every} lets rollouts lag up to "
                          f"{cfg.weightsync.sync_every - 1} versions behind; set max_policy_age >= "

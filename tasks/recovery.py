@@ -41,6 +41,8 @@ def recover_role(ctx: RunContext, role: str, reason: str = "") -> int:
     else:
         step = pool.call("trainer", "health")["step"]
         if role == "generator":
+            if ctx.cfg.weightsync.backend == "broadcast":  # the new group holds no version yet
+                pool.call("trainer", "publish_weights", step)
             pool.call_all("generator", "load_weights", step)
     ctx.recoveries.append({"role": role, "reason": reason, "trainer_step": step,
                            "seconds": time.perf_counter() - t0})

@@ -64,7 +64,9 @@ def build_worker(spec: WorkerSpec):
         raise ValueError(f"unknown worker role {spec.role!r}: choose one of {', '.join(ROLE_CLASSES)}")
     module, cls = ROLE_CLASSES[spec.role].split(":")
     worker_cls = getattr(importlib.import_module(module), cls)
-    store = open_weight_store(spec.store_backend, spec.store_root) if spec.store_root else None
+    # broadcast: the pool forms the group once every worker is up (open_weight_group / join_weight_group)
+    opens_store = spec.store_root and spec.store_backend != "broadcast"
+    store = open_weight_store(spec.store_backend, spec.store_root) if opens_store else None
     return worker_cls(config_from_dict(spec.cfg), store=store, init_path=spec.init_path, threads=spec.threads)
 
 

@@ -60,6 +60,16 @@ class GeneratorWorker(Worker):
         return steps.evaluate(self.generator, problems, prompts, g.max_new_tokens, samples=samples,
                               temperature=g.temperature, seed=self.cfg.seed)
 
+    def join_weight_group(self, address: str, rank: int, world: int, device: str = "cpu") -> None:
+        """weightsync.backend broadcast: join the trainer's weight-broadcast group at `address` as `rank`
+        (replacing the previous group); versions then arrive in the background."""
+        from infra.weightsync.broadcast import BroadcastWeightSync
+
+        if self.store is not None:
+            self.store.retire()
+        self.store = BroadcastWeightSync(address, rank, world, keep=self.cfg.weightsync.keep,
+                                         timeout_s=self.cfg.workers.call_timeout_s, device=device)
+
     def load_weights(self, version: int | None = None) -> int:
         """Fetch `version` (None = latest) from the weight store and sample from it; returns the version."""
         if self.store is None:

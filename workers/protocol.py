@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 CALLS = ("generate", "train_step", "ref_logprobs", "score", "load_weights", "publish_weights", "save_checkpoint",
-         "load_checkpoint", "evaluate", "rollout", "health", "shutdown")
+         "load_checkpoint", "evaluate", "rollout", "health", "shutdown", "open_weight_group", "join_weight_group",
+         "await_weight_group")
 
 
 class WorkerLost(RuntimeError):

@@ -54,6 +54,10 @@ def remote_train(pool, groups: list[Group], step: int) -> dict[str, float]:
 
 def remote_sync(pool, version: int) -> list[int]:
     """Every generator replica loads `version` from the weight store."""
+    if pool.cfg.weightsync.backend == "broadcast":
+        # a generator that died broke the group, so `version` never reached the others: find the dead one first
+        # (WorkerLost → recovery re-forms the group) instead of waiting on a version that will not come
+        pool.call_all("generator", "health", timeout=30)
     return pool.call_all("generator", "load_weights", version)
 
 

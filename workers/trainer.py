@@ -60,7 +60,7 @@ class TrainerWorker(Worker):
         mine = episodes[dp_rank::dp_size] if dp_size > 1 else episodes
         metrics.update(self._train(mine, total_episodes=len(episodes)))
         self.step = self.step + 1 if step is None else step + 1
-        metrics["policy_version"] = float(self._publish(self.step))
+        self._publish_after_step(self.step, metrics)
         self.last_metrics = metrics
         return metrics
 
@@ -68,6 +68,24 @@ class TrainerWorker(Worker):
         """Put the current weights into the weight store as `version`; returns it."""
         self._fan_out("publish_weights", version)
         return self._publish(version)
+
+    def open_weight_group(self, host: str, world: int, device: str = "cpu") -> str:
+        """weightsync.backend broadcast: host a new weight-broadcast group of `world` members (this trainer is rank 0,
+        the generators join); replaces the previous group. Returns its HOST:PORT."""
+        from infra.weightsync.broadcast import BroadcastWeightSync
+
+        if self.store is not None:
+            self.store.retire()
+        self.store = BroadcastWeightSync(f"{host}:0", 0, world, keep=self.cfg.weightsync.keep,
+                                         timeout_s=self.cfg.workers.call_timeout_s, device=device)
+        return self.store.address
+
+    def await_weight_group(self) -> bool:
+        """Block until every generator has joined the group open_weight_group hosts."""
+        if self.store is None or not hasattr(self.store, "wait_formed"):
+            raise ValueError("await_weight_group before open_weight_group (weightsync.backend: broadcast only)")
+        self.store.wait_formed()
+        return True
 
     def _build_titan(self, hf_model):
         """The torchtitan twin of `hf_model`, parallelized over this job's ranks (TP inside, FSDP over the rest)."""
@@ -105,6 +123,20 @@ class TrainerWorker(Worker):
             self.store.publish(version, self._hf_state(state))
         self.policy_version = version
         return version
+
+    def _publish_after_step(self, version: int, metrics: dict[str, float]) -> None:
+        """Publish the step's weights. A broadcast to a group that lost a generator fails here, yet the step is done
+        and consistent: keep it, say so in the metrics; the next call to that generator raises WorkerLost, and the
+        recovery re-forms the group and republishes this version."""
+        try:
+            self._publish(version)
+        except RuntimeError as exc:
+            if self.cfg.weightsync.backend != "broadcast":
+                raise
+            log.error("step %d trained, but publishing version %d failed: %s", self.step, version, exc)
+            metrics["weights/publish_failed"] = 1.0
+            self.policy_version = version
+        metrics["policy_version"] = float(version)
 
     def save_checkpoint(self, path: str) -> str | None:
         """Trainer state (model, optimizer, scheduler, RNG, step) to path/trainer.pt — with several ranks, model and
@@ -151,6 +183,11 @@ class TrainerWorker(Worker):
 
     def shutdown(self) -> bool:
         self._fan_out("shutdown")
+        if self.rank == 0 and self.store is not None:
+            try:  # broadcast: tells the generators' receivers the group ends here
+                self.store.close()
+            except (RuntimeError, TimeoutError) as exc:  # a member is already gone; stopping anyway
+                log.warning("closing the weight store on shutdown: %s", exc)
         return True
 
     # ---- internals ----

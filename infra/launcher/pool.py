@@ -19,7 +19,7 @@ from pathlib import Path
 
 from infra.config import RunConfig, config_to_dict
 from infra.launcher.executors import make_executor
-from infra.launcher.plan import check_capacity, plan_jobs
+from infra.launcher.plan import check_capacity, plan_jobs, uses_gpu
 from infra.weightsync import FSWeightStore, default_store_root
 from workers.client import WorkerClient
 from workers.entry import WorkerSpec, run_worker
@@ -114,6 +114,7 @@ class WorkerPool:
             self.members[plan.role] = [self._submit(plan, i) for i in range(plan.replicas)]
         for role in self.members:
             self._wait_role(role)
+        self._form_weight_group()
 
     def restart(self, role: str) -> None:
         """Stop and relaunch every worker of `role` (e.g. after WorkerLost)."""
@@ -125,6 +126,8 @@ class WorkerPool:
         self.members[role] = [self._submit(plan, i) for i in range(plan.replicas)]
         self._rr.pop(role, None)
         self._wait_role(role)
+        if role in ("trainer", "generator"):
+            self._form_weight_group()  # broadcast: the old group lost a member; the caller republishes
 
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Ask every worker to stop, cancel jobs that do not, stop the heartbeat."""
@@ -160,6 +163,21 @@ class WorkerPool:
         return {role: [c.call("health", timeout=30) for c in self.clients(role)] for role in self.members}
 
     # ---- internals ----
+
+    def _form_weight_group(self) -> None:
+        """weightsync.backend broadcast: the trainer hosts a new weight-broadcast group and every generator joins
+        it (rank = replica index + 1); returns once all have joined."""
+        if self.cfg.weightsync.backend != "broadcast" or not self.clients("trainer"):
+            return
+        trainer, generators = self.clients("trainer")[0], self.clients("generator")
+        # NCCL when the trainer and the generators hold their models on GPUs, gloo otherwise
+        device = "cuda" if uses_gpu(self.cfg, "trainer") and uses_gpu(self.cfg, "generator") else "cpu"
+        world = 1 + len(generators)
+        address = trainer.call("open_weight_group", trainer.rendezvous.host, world, device)
+        for rank, client in enumerate(generators, start=1):
+            client.call("join_weight_group", address, rank, world, device)
+        trainer.call("await_weight_group")
+        log.info("weight-broadcast group of %d formed at %s (%s)", world, address, device)
 
     def _submit(self, plan: RolePlan, index: int) -> Member:
         name = f"{plan.role}-{index}"

@@ -1,4 +1,5 @@
-"""Weight store: the trainer publishes policy version v, generators fetch it (`fs` default, `torchstore` optional)."""
+"""Weight store: the trainer publishes policy version v, generators fetch it (`fs` default, `torchstore` optional;
+`broadcast` is a process group the WorkerPool forms between live workers, see broadcast.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from infra.weightsync.fs import FSWeightStore
 
-BACKENDS = ("fs", "torchstore")
+BACKENDS = ("fs", "torchstore", "broadcast")
 
 
 def default_store_root(run_id: str) -> Path:
@@ -30,6 +31,9 @@ def open_weight_store(backend: str = "fs", root: str | Path | None = None, keep:
         from infra.weightsync.torchstore_backend import TorchStoreWeightStore
 
         return TorchStoreWeightStore(keep=keep)
+    if backend == "broadcast":
+        raise ValueError("weightsync.backend=broadcast is a process group between live workers, not a store to "
+                         "open: start the workers through WorkerPool, which forms it")
     raise ValueError(f"unknown weightsync.backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 
 

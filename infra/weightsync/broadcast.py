@@ -1,10 +1,11 @@
-"""Collective weight broadcast: the trainer sends each published version to every generator over one process group
-of their own (NCCL between GPUs, gloo on CPU) — no disk and no store in between.
+"""Collective weight broadcast (`weightsync.backend: broadcast`): the trainer sends each published version to every
+generator over one process group of their own (NCCL between GPUs, gloo on CPU) — no disk and no store in between.
 
 Trade-offs against the `fs` store: one broadcast reaches all generators at link speed (NVLink/InfiniBand with NCCL),
-but every member must stay alive: a dead generator makes the next publish fail (after `timeout_s`) and the group
-cannot take in a replacement, so runs that must survive a lost worker use `fs`. The group is standalone (its own
-TCPStore rendezvous), so it does not disturb the trainer's FSDP process group.
+but every member must stay alive: a dead generator makes the next publish fail (after `timeout_s`). The WorkerPool
+then forms a new group with the restarted worker (`open_weight_group` / `join_weight_group`) and the trainer
+republishes its current version; versions sent before are gone with the dead group. The group is standalone (its own
+TCPStore, hosted by the trainer), so it does not disturb the trainer's FSDP process group.
 """
 
 from __future__ import annotations
@@ -24,29 +25,34 @@ STOP = -1  # header version that ends the receivers' loop
 
 class BroadcastWeightSync:
     """rank 0 (the trainer): `publish(version, state_dict)`; ranks 1..N (generators): `fetch(version)` / `latest()`
-    of the versions received in the background, newest `keep` kept in memory."""
+    of the versions received in the background, newest `keep` kept in memory.
+
+    Construction never blocks on the other members: rank 0 hosts the rendezvous (port 0 picks a free one, see
+    `address`) and every rank forms the group in the background; publish and fetch wait for it."""
 
     def __init__(self, address: str, rank: int, world_size: int, keep: int = 2, timeout_s: float = 600.0,
                  device: str = "cpu"):
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"weight broadcast address {address!r} must be HOST:PORT")
+        if device != "cpu" and not torch.cuda.is_available():
+            raise ValueError(f"weight broadcast on {device!r} needs CUDA, which this process lacks; run the trainer "
+                             "and generators on GPUs or use weightsync.backend: fs")
+        self.rank, self.world_size, self.keep, self.timeout_s = rank, world_size, keep, timeout_s
+        self.device = torch.device(device)
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout)
-        prefixed = dist.PrefixStore("forgeflow-weights", store)
-        if device == "cpu":
-            self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-        else:
-            self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
-        self.rank, self.keep, self.device, self.timeout_s = rank, keep, torch.device(device), timeout_s
-        self._store = store  # the TCPStore server lives in rank 0; keep it referenced
+        # the TCPStore server lives in rank 0 (keep it referenced); clients retry until it is up
+        self._store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout,
+                                    wait_for_workers=False)
+        self.address = f"{host}:{self._store.port}"
+        self.group = None
         self._versions: dict[int, dict[str, torch.Tensor]] = {}
         self._arrived = threading.Condition()
+        self._formed = threading.Event()
         self._error: BaseException | None = None
-        self._receiver = None
-        if rank > 0:
-            self._receiver = threading.Thread(target=self._receive_loop, name="weight-broadcast", daemon=True)
-            self._receiver.start()
+        self._retired = False
+        self._thread = threading.Thread(target=self._run, name="weight-broadcast", daemon=True)
+        self._thread.start()
 
     # ---- sender (rank 0) ----
 
@@ -54,6 +60,7 @@ class BroadcastWeightSync:
         """Broadcast `state_dict` as `version` to every receiver (blocks until they all have it)."""
         if self.rank != 0:
             raise ValueError("only rank 0 of the weight-broadcast group (the trainer) publishes")
+        self.wait_formed()
         tensors = {k: v.detach().to(self.device).contiguous() for k, v in state_dict.items()}
         header = [version, [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in tensors.items()]]
         try:
@@ -62,22 +69,41 @@ class BroadcastWeightSync:
                 self._broadcast(tensor)
         except RuntimeError as exc:
             raise RuntimeError(f"weight broadcast of version {version} failed ({exc}); a generator in the group is "
-                               "gone — the group cannot take a replacement: restart the run, or use "
-                               "weightsync.backend: fs to survive lost workers") from exc
+                               "gone: the worker pool re-forms the group when it restarts the generator (or use "
+                               "weightsync.backend: fs, which needs no live group)") from exc
         return version
 
-    def close(self) -> None:
-        """Rank 0: tell the receivers to stop. Receivers: wait for that."""
+    def wait_formed(self) -> None:
+        """Block until every member has joined the group; raise what went wrong if it could not form."""
+        if not self._formed.wait(self.timeout_s):
+            raise TimeoutError(f"weight-broadcast group of {self.world_size} at {self.address} did not form within "
+                               f"{self.timeout_s:.0f} s: a member never joined")
+        if self.group is None:
+            raise RuntimeError(f"weight-broadcast group at {self.address} failed to form: {self._error}") \
+                from self._error
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Rank 0: tell the receivers to stop (at most `timeout_s` per message: a member may be gone already).
+        Receivers: wait for that."""
         if self.rank == 0:
-            self._broadcast_header([STOP, []])
-        elif self._receiver is not None:
-            self._receiver.join(self.timeout_s)
+            if self._formed.is_set() and self.group is not None:
+                self._broadcast_header([STOP, []], timeout_s)
+        else:
+            self._thread.join(self.timeout_s)
+
+    def retire(self) -> None:
+        """Drop this group (a new one replaces it): free the kept versions; its receiver's end is expected."""
+        with self._arrived:
+            self._retired = True
+            self._versions.clear()
 
     # ---- receivers (ranks > 0) ----
 
     def fetch(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
         """(version, state_dict) once `version` (None: the newest received) has arrived; KeyError for a version
         older than the ones kept; TimeoutError after timeout_s."""
+        if self.rank == 0:
+            raise ValueError("rank 0 of the weight-broadcast group publishes; generators fetch")
         with self._arrived:
             ready = lambda: self._error or (self._versions and (version is None or max(self._versions) >= version))  # noqa: E731
             if not self._arrived.wait_for(ready, self.timeout_s):
@@ -93,6 +119,22 @@ class BroadcastWeightSync:
         with self._arrived:
             return max(self._versions) if self._versions else None
 
+    def _run(self) -> None:
+        try:
+            prefixed = dist.PrefixStore("forgeflow-weights", self._store)
+            timeout = timedelta(seconds=self.timeout_s)
+            if self.device.type == "cpu":
+                self.group = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, timeout)
+            else:
+                self.group = dist.ProcessGroupNCCL(prefixed, self.rank, self.world_size)
+        except BaseException as exc:  # reported by wait_formed / fetch
+            self._fail(exc, "could not form")
+            return
+        finally:
+            self._formed.set()
+        if self.rank > 0:
+            self._receive_loop()
+
     def _receive_loop(self) -> None:
         try:
             while True:
@@ -104,28 +146,41 @@ class BroadcastWeightSync:
                     state[name] = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
                     self._broadcast(state[name])
                 with self._arrived:
+                    if self._retired:
+                        return
                     self._versions[version] = state
                     for old in sorted(self._versions)[:-self.keep]:
                         del self._versions[old]
                     self._arrived.notify_all()
         except BaseException as exc:  # reported to the next fetch, which raises it
-            log.exception("weight broadcast receiver stopped")
-            with self._arrived:
-                self._error = exc
-                self._arrived.notify_all()
+            self._fail(exc, "receiver stopped")
+
+    def _fail(self, exc: BaseException, what: str) -> None:
+        with self._arrived:
+            self._error = exc
+            self._arrived.notify_all()
+            retired = self._retired
+        if retired:  # the pool replaced this group: its members going away is expected
+            log.info("retired weight-broadcast group %s ended: %s", self.address, exc)
+        else:
+            log.error("weight-broadcast group %s %s: %s", self.address, what, exc)
 
     # ---- wire format: a JSON header (length, then bytes), then each tensor in header order ----
 
-    def _broadcast(self, tensor: torch.Tensor) -> None:
+    def _broadcast(self, tensor: torch.Tensor, timeout_s: float | None = None) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self.group.broadcast([tensor], opts).wait()
+        work = self.group.broadcast([tensor], opts)
+        if timeout_s is None:
+            work.wait()
+        elif not work.wait(timedelta(seconds=timeout_s)):
+            raise TimeoutError(f"weight broadcast did not complete within {timeout_s} s")
 
-    def _broadcast_header(self, header):
+    def _broadcast_header(self, header, timeout_s: float | None = None):
         payload = json.dumps(header).encode() if self.rank == 0 else b""
         length = torch.tensor([len(payload)], dtype=torch.long, device=self.device)
-        self._broadcast(length)
+        self._broadcast(length, timeout_s)
         buffer = (torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device) if self.rank == 0
                   else torch.empty(int(length.item()), dtype=torch.uint8, device=self.device))
-        self._broadcast(buffer)
+        self._broadcast(buffer, timeout_s)
         return header if self.rank == 0 else json.loads(buffer.cpu().numpy().tobytes())

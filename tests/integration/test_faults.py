@@ -77,10 +77,21 @@ def assert_records_complete(run_id: str, reference_sha: str) -> dict:
 @pytest.mark.parametrize("mode", ["on-policy", "pipelined"])
 @pytest.mark.parametrize("role", ["generator", "trainer"])
 def test_killed_worker_run_ends_bitwise_identical(role, mode):
-    reference_sha = uninterrupted_sha(mode)
+    run_with_killed_worker(role, PIPELINED if mode == "pipelined" else RUN, f"kill-{role}-{mode}",
+                           uninterrupted_sha(mode))
+
+
+@pytest.mark.parametrize("role", ["generator", "trainer"])
+def test_killed_worker_with_broadcast_sync_ends_identical_to_the_fs_run(role):
+    # the pool forms a new weight-broadcast group with the replacement and the trainer republishes its version
+    run_with_killed_worker(role, {**RUN, "weightsync.backend": "broadcast"}, f"kill-{role}-broadcast",
+                           uninterrupted_sha("on-policy"))
+
+
+def run_with_killed_worker(role: str, overrides: dict, run_name: str, reference_sha: str) -> None:
     killed: list[int] = []
     watcher = kill_worker_when(role, 2, killed)
-    summary = grpo_flow(overrides=PIPELINED if mode == "pipelined" else RUN, run_name=f"kill-{role}-{mode}")
+    summary = grpo_flow(overrides=overrides, run_name=run_name)
     watcher.join(timeout=1)
     assert killed, "the worker was never killed: the test did not exercise recovery"
     assert [r["role"] for r in summary["recoveries"]] == [role]

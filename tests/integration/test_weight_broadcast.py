@@ -3,7 +3,6 @@ processes); generators fetch by version, keep the newest two, and a dead generat
 
 import multiprocessing as mp
 import os
-import socket
 
 import pytest
 import torch
@@ -11,12 +10,6 @@ import torch
 from infra.weightsync.broadcast import BroadcastWeightSync
 
 pytestmark = pytest.mark.integration
-
-
-def free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def weights(version: int) -> dict[str, torch.Tensor]:
@@ -52,9 +45,8 @@ def start_generators(address, die_after=False):
 
 
 def test_broadcast_reaches_every_generator_in_version_order():
-    address = free_address()
-    procs, results = start_generators(address)
-    trainer = BroadcastWeightSync(address, 0, 3, timeout_s=60)
+    trainer = BroadcastWeightSync("127.0.0.1:0", 0, 3, timeout_s=60)  # hosts the rendezvous on a free port
+    procs, results = start_generators(trainer.address)
     for version in (1, 2, 3):
         trainer.publish(version, weights(version))
     trainer.close()
@@ -66,11 +58,16 @@ def test_broadcast_reaches_every_generator_in_version_order():
 
 
 def test_publish_names_the_fix_when_a_generator_is_gone():
-    address = free_address()
-    procs, _ = start_generators(address, die_after=True)
-    trainer = BroadcastWeightSync(address, 0, 3, timeout_s=10)
+    trainer = BroadcastWeightSync("127.0.0.1:0", 0, 3, timeout_s=10)
+    procs, _ = start_generators(trainer.address, die_after=True)
     trainer.publish(1, weights(1))
     for p in procs:
         p.join(30)
-    with pytest.raises(RuntimeError, match="weightsync.backend: fs"):
+    with pytest.raises(RuntimeError, match="re-forms the group"):
         trainer.publish(2, weights(2))
+
+
+def test_a_group_that_never_forms_is_reported():
+    trainer = BroadcastWeightSync("127.0.0.1:0", 0, 2, timeout_s=2)  # the generator never joins
+    with pytest.raises((TimeoutError, RuntimeError), match="form"):
+        trainer.publish(1, weights(1))

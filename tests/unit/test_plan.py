@@ -53,6 +53,10 @@ def test_impossible_layouts_name_the_fix():
         jobs_for("configs/grpo_qwen3_1_7b_gsm8k.yaml", **{"slurm.gpus_per_node": 4, "trainer.procs": 10})
     with pytest.raises(ValueError, match="set max_policy_age >= 3"):
         load_config("configs/grpo_math_tiny.yaml", {"weightsync.sync_every": 4})
+    with pytest.raises(ValueError, match="weightsync.backend 'broadcast' cannot feed it: set weightsync.backend: fs"):
+        load_config("configs/grpo_qwen3_1_7b_gsm8k.yaml", {"weightsync.backend": "broadcast"})
+    with pytest.raises(ValueError, match=r"weightsync.backend = 'nccl' is not one of \['fs', 'torchstore', 'broadc"):
+        load_config("configs/grpo_math_tiny.yaml", {"weightsync.backend": "nccl"})
 
 
 def test_sbatch_script_runs_the_controller_with_the_same_recipe():

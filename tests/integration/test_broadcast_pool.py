@@ -1,0 +1,82 @@
+"""weightsync.backend broadcast through the WorkerPool (real submitit local processes, gloo): the trainer hosts the
+group, both generators join; weights arrive exactly as through the fs store; a killed generator or trainer is
+replaced and the group re-formed, with the trainer's current version republished."""
+
+import os
+import signal
+
+import pytest
+
+from infra.launcher import WorkerPool
+from tasks.context import RunContext
+from tasks.recovery import recover_role
+from tests.integration.pool_helpers import tiny_config, tiny_splits
+from workers.protocol import WorkerLost
+from workers.remote import remote_rollout, remote_score, remote_sync, remote_train, run_remote_iteration
+
+pytestmark = pytest.mark.integration
+
+BROADCAST = {"generator.num_replicas": 2, "weightsync.backend": "broadcast"}
+
+
+def two_iterations_and_a_sample(pool, splits) -> tuple[list[dict], list[list[int]]]:
+    """Metrics of two iterations (the second trains on samples of version 1) and the tokens version 2 samples."""
+    metrics = [run_remote_iteration(pool, splits.train[:6], splits.train_prompts[:6], 4, seed=0, step=s)
+               for s in range(2)]
+    groups = remote_rollout(pool, splits.train[:4], splits.train_prompts[:4], 2, seed=7)
+    untimed = [{k: v for k, v in m.items() if not k.startswith("timing/") and "per_s" not in k} for m in metrics]
+    return untimed, [e.completion.token_ids for g in groups for e in g.episodes]
+
+
+@pytest.fixture(scope="module")
+def broadcast_run(tmp_path_factory):
+    cfg = tiny_config("local", **BROADCAST)
+    out = tmp_path_factory.mktemp("broadcast") / "run"
+    with WorkerPool(cfg, out) as pool:
+        yield RunContext("broadcast-run", cfg, pool, tiny_splits(cfg), out)
+
+
+def test_generators_get_the_same_weights_as_through_the_fs_store(broadcast_run, tmp_path):
+    ctx = broadcast_run
+    got = two_iterations_and_a_sample(ctx.pool, ctx.splits)
+    assert [h["policy_version"] for h in ctx.pool.health()["generator"]] == [2, 2]
+    assert not list(ctx.pool.workers_dir.parent.glob("**/*.safetensors")), "broadcast wrote weight files"
+    cfg = tiny_config("local", **{"generator.num_replicas": 2})
+    with WorkerPool(cfg, tmp_path / "fs-run") as fs_pool:
+        expected = two_iterations_and_a_sample(fs_pool, ctx.splits)
+    assert got[1] == expected[1]  # version 2 reached both generators bit-exact: same samples
+    assert got[0] == [pytest.approx(m, rel=1e-6, abs=1e-7) for m in expected[0]]
+
+
+def test_a_killed_generator_is_replaced_and_the_group_re_formed(broadcast_run):
+    ctx, splits = broadcast_run, broadcast_run.splits
+    pool = ctx.pool
+    step = pool.call("trainer", "health")["step"]
+    groups = remote_rollout(pool, splits.train[:4], splits.train_prompts[:4], 4, seed=1)
+    remote_score(pool, groups)
+    victim = pool.clients("generator")[1].call("health")["pid"]
+    os.kill(victim, signal.SIGKILL)
+    metrics = remote_train(pool, groups, step)  # the step trains; the broadcast to the dead member fails
+    assert metrics["weights/publish_failed"] == 1.0 and metrics["policy_version"] == step + 1
+    with pytest.raises(WorkerLost, match="generator-1"):
+        remote_sync(pool, step + 1)  # finds the dead generator instead of waiting for a version that cannot come
+    assert recover_role(ctx, "generator", reason="killed") == step + 1
+    generators = pool.health()["generator"]
+    assert victim not in [h["pid"] for h in generators]
+    assert [h["policy_version"] for h in generators] == [step + 1, step + 1]
+    m = run_remote_iteration(pool, splits.train[:4], splits.train_prompts[:4], 4, seed=0, step=step + 1)
+    assert "weights/publish_failed" not in m and m["rollout/policy_version"] == step + 1
+    assert [h["policy_version"] for h in pool.health()["generator"]] == [step + 2, step + 2]
+
+
+def test_a_killed_trainer_hosts_a_new_group(broadcast_run):
+    ctx, splits = broadcast_run, broadcast_run.splits
+    pool = ctx.pool
+    os.kill(pool.clients("trainer")[0].call("health")["pid"], signal.SIGKILL)
+    with pytest.raises(WorkerLost, match="trainer"):
+        pool.call("trainer", "health")
+    assert recover_role(ctx, "trainer", reason="killed") == 0  # no checkpoint: back to the initial weights
+    assert [h["policy_version"] for h in pool.health()["generator"]] == [0, 0]
+    m = run_remote_iteration(pool, splits.train[:4], splits.train_prompts[:4], 4, seed=0, step=0)
+    assert m["policy_version"] == 1 and "weights/publish_failed" not in m
+    assert [h["policy_version"] for h in pool.health()["generator"]] == [1, 1]
