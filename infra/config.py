@@ -339,7 +339,8 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
 
 
 def check_trainer_layout(cfg: RunConfig, where: str) -> None:
-    """trainer.backend titan: torchtitan installed, procs = DP shard × TP × PP; the parallel degrees need titan."""
+    """trainer.backend titan: torchtitan installed, procs = DP shard × TP × PP (TP and PP not together); the
+    parallel degrees need titan."""
     t = cfg.trainer
     if t.backend != "titan":
         if (t.tensor_parallel_degree, t.pipeline_parallel_degree, t.activation_checkpointing) != (1, 1, "none"):
@@ -349,14 +350,14 @@ def check_trainer_layout(cfg: RunConfig, where: str) -> None:
     if importlib.util.find_spec("torchtitan") is None:
         raise ValueError(f"{where}: trainer.backend: titan needs torchtitan: pip install -e '.[titan]' "
                          "(or use trainer.backend: hf)")
-    if t.pipeline_parallel_degree != 1:
-        raise ValueError(f"{where}: trainer.pipeline_parallel_degree > 1 is not supported by forgeflow's titan "
-                         "trainer yet (the RL loss would need a pipeline schedule); set it to 1 and use "
-                         "tensor_parallel_degree / data_parallel_shard_degree")
-    tp, dp = t.tensor_parallel_degree, t.data_parallel_shard_degree
-    if tp < 1 or t.procs % tp or (dp != -1 and dp * tp != t.procs):
+    tp, pp, dp = t.tensor_parallel_degree, t.pipeline_parallel_degree, t.data_parallel_shard_degree
+    if tp > 1 and pp > 1:
+        raise ValueError(f"{where}: trainer.tensor_parallel_degree ({tp}) with pipeline_parallel_degree ({pp}) is not "
+                         "supported yet; use one of them (with data_parallel_shard_degree for the rest)")
+    if tp < 1 or pp < 1 or t.procs % (tp * pp) or (dp != -1 and dp * tp * pp != t.procs):
         raise ValueError(f"{where}: trainer.procs ({t.procs}) must equal data_parallel_shard_degree ({dp}) × "
-                         f"tensor_parallel_degree ({tp}); set data_parallel_shard_degree: -1 to use the rest")
+                         f"tensor_parallel_degree ({tp}) × pipeline_parallel_degree ({pp}); set "
+                         "data_parallel_shard_degree: -1 to use the rest")
 
 
 def looks_local(path: str) -> bool:

@@ -30,30 +30,69 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def titan_parallelism(procs: int, tensor_parallel: int):
-    """torchtitan ParallelismConfig for `procs` ranks: TP inside, FSDP over the rest (config validation checked
-    that TP divides procs)."""
+def gather_pipeline_state(model: torch.nn.Module, group) -> dict[str, torch.Tensor]:
+    """Collective over all ranks: the whole model's state on the first stage of each pipeline `group` (on CPU);
+    the other stages get their own stage's part."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # not cpu_offload: with it only global rank 0 would get its (FSDP-gathered) stage, the other stages nothing
+    state = {k: v.cpu() for k, v in get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)).items()}
+    first = dist.get_global_rank(group, 0)
+    parts = [None] * dist.get_world_size(group) if dist.get_rank() == first else None
+    dist.gather_object(state, parts, dst=first, group=group)
+    return {k: v for part in parts for k, v in part.items()} if parts else state
+
+
+def titan_parallelism(procs: int, tensor_parallel: int, pipeline_parallel: int = 1):
+    """torchtitan ParallelismConfig for `procs` ranks: PP outermost, TP inside, FSDP over the rest (config
+    validation checked that TP × PP divides procs)."""
     from torchtitan.config import ParallelismConfig
 
-    assert procs % tensor_parallel == 0, (procs, tensor_parallel)
-    return ParallelismConfig(data_parallel_shard_degree=procs // tensor_parallel,
-                             tensor_parallel_degree=tensor_parallel, spmd_backend="partial_dtensor")
+    assert procs % (tensor_parallel * pipeline_parallel) == 0, (procs, tensor_parallel, pipeline_parallel)
+    return ParallelismConfig(data_parallel_shard_degree=procs // (tensor_parallel * pipeline_parallel),
+                             tensor_parallel_degree=tensor_parallel, pipeline_parallel_degree=pipeline_parallel,
+                             spmd_backend="partial_dtensor")
 
 
-def shard_titan_model(model, parallelism, activation_checkpointing: str = "none", bf16: bool = False):
-    """Apply torchtitan's TP/FSDP/activation checkpointing to a TitanCausalLM's decoder; returns the ParallelDims.
-    Gradients are summed across data-parallel ranks, as in `shard_model`."""
-    import tempfile
-
+def build_titan_dims(parallelism):
+    """torchtitan's ParallelDims with its device meshes built over this job's ranks."""
     import torchtitan.distributed.parallel_dims as titan_dims
-    from torch.distributed.fsdp import FSDPModule
-    from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
 
     # torchtitan assumes CUDA when it finds no accelerator; on a CPU machine its meshes must be CPU (gloo) meshes
     titan_dims.device_type = "cuda" if torch.cuda.is_available() else "cpu"
     dims = ParallelDims.from_config(parallelism, dist.get_world_size())
     dims.build_mesh()
+    return dims
+
+
+def split_titan_stage(model, dims) -> tuple[int, int]:
+    """Keep only this rank's pipeline stage of a TitanCausalLM's decoder, in place: an even share of the layers,
+    the embedding on the first stage, the final norm and LM head on the last. Returns (stage, stages)."""
+    stages, stage = dims.pp, dims.get_mesh("pp").get_local_rank()
+    decoder = model.decoder
+    names = list(decoder.layers.keys())
+    if len(names) < stages:
+        raise ValueError(f"trainer.pipeline_parallel_degree {stages} exceeds the model's {len(names)} layers; "
+                         "lower it")
+    bounds = [round(i * len(names) / stages) for i in range(stages + 1)]
+    for name in names[:bounds[stage]] + names[bounds[stage + 1]:]:
+        del decoder.layers[name]  # layer names (and so checkpoint keys) stay those of the whole model
+    if stage > 0:
+        decoder.tok_embeddings = None
+    if stage < stages - 1:
+        decoder.norm = decoder.lm_head = None
+    return stage, stages
+
+
+def shard_titan_model(model, parallelism, dims, activation_checkpointing: str = "none", bf16: bool = False):
+    """Apply torchtitan's TP/FSDP/activation checkpointing to a TitanCausalLM's decoder (or its pipeline stage).
+    Gradients are summed across data-parallel ranks, as in `shard_model`."""
+    import tempfile
+
+    from torch.distributed.fsdp import FSDPModule
+    from torchtitan.config import CompileConfig, TrainingConfig
+
     precision = "bfloat16" if bf16 else "float32"
     with tempfile.TemporaryDirectory() as dump_folder:
         model.architecture.load("parallelize")(
@@ -61,7 +100,7 @@ def shard_titan_model(model, parallelism, activation_checkpointing: str = "none"
             parallelism=parallelism, compile_config=CompileConfig(),
             ac_config=activation_checkpointing_config(activation_checkpointing), dump_folder=dump_folder)
     embedding = model.decoder.tok_embeddings
-    if embedding.tp_group is not None and embedding.padding_idx is not None:
+    if embedding is not None and embedding.tp_group is not None and embedding.padding_idx is not None:
         # each TP rank holds rows [offset, offset + rows) and looks up local indices: localise the pad row
         rows = embedding.weight.to_local().shape[0] if hasattr(embedding.weight, "to_local") else embedding.weight.shape[0]
         offset = dist.get_rank(embedding.tp_group) * -(-embedding.num_embeddings // dist.get_world_size(embedding.tp_group))
@@ -73,7 +112,6 @@ def shard_titan_model(model, parallelism, activation_checkpointing: str = "none"
             module.set_gradient_divide_factor(1.0)
             if gloo:  # gloo has no AVG/PREMUL_SUM reductions
                 module.set_force_sum_reduction_for_comms(True)
-    return dims
 
 
 def activation_checkpointing_config(mode: str):

@@ -23,7 +23,7 @@ from infra import components as C
 from infra.config import RunConfig
 from workers.base import Worker, dtype_of, model_source, worker_device
 from workers.sharded_checkpoint import load_sharded, save_sharded
-from workers.sharding import full_state_dict, shard_model
+from workers.sharding import full_state_dict, gather_pipeline_state, shard_model
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,20 @@ class TrainerWorker(Worker):
         model, self.tokenizer = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed,
                                                          dtype=dtype_of(cfg))
         model = model.to(worker_device(cfg, self.role))
-        self.tp = 1  # ranks that share one slice of the batch (tensor parallelism)
+        self.tp = self.pp = 1  # tensor / pipeline parallel degrees: their ranks share one slice of the batch
+        self.pp_group = None
         if cfg.trainer.backend == "titan":
             model = self._build_titan(model)
         elif self.world > 1:
             shard_model(model)
-        self.trainer = Trainer(model, C.build_loss(cfg), C.trainer_settings(cfg), self.tokenizer.pad_token_id)
+        if self.pp > 1:
+            from forge_core.training.pipeline import PipelineTrainer
+
+            self.trainer = PipelineTrainer(model, model.decoder, C.build_loss(cfg), C.trainer_settings(cfg),
+                                           self.tokenizer.pad_token_id, self.pp_group, self.stage, self.pp,
+                                           next(model.parameters()).device)
+        else:
+            self.trainer = Trainer(model, C.build_loss(cfg), C.trainer_settings(cfg), self.tokenizer.pad_token_id)
         self.store = store
         self.last_metrics: dict[str, float] = {}
 
@@ -55,8 +63,10 @@ class TrainerWorker(Worker):
         self.calls += 1
         adv = dict(self.cfg.advantage)
         episodes, metrics = steps.compute_advantages(groups, adv.pop("name"), self.cfg.filter_groups, **adv)
-        # data-parallel slice: the ranks of one tensor-parallel group (adjacent ranks) share it
-        dp_rank, dp_size = self.rank // self.tp, self.world // self.tp
+        # data-parallel slice: shared by the ranks of one tensor-parallel group (adjacent ranks) and by the pipeline
+        # stages (the outermost dimension) of that group
+        dp_size = self.world // (self.tp * self.pp)
+        dp_rank = (self.rank // self.tp) % dp_size
         mine = episodes[dp_rank::dp_size] if dp_size > 1 else episodes
         metrics.update(self._train(mine, total_episodes=len(episodes)))
         self.step = self.step + 1 if step is None else step + 1
@@ -90,27 +100,43 @@ class TrainerWorker(Worker):
     def _build_titan(self, hf_model):
         """The torchtitan twin of `hf_model`, parallelized over this job's ranks (TP inside, FSDP over the rest)."""
         from forge_core.models.titan import titan_from_hf
-        from workers.sharding import apply_activation_checkpointing, shard_titan_model, titan_parallelism
+        from workers.sharding import (
+            apply_activation_checkpointing,
+            build_titan_dims,
+            shard_titan_model,
+            split_titan_stage,
+            titan_parallelism,
+        )
 
         t = self.cfg.trainer
-        self.tp = t.tensor_parallel_degree
-        if self.tp > 1 and hf_model.config.tie_word_embeddings:
-            # measured: tied embedding/head weights get wrong gradients under torchtitan's TP plan
-            raise ValueError(f"trainer.tensor_parallel_degree {self.tp} with a model whose embeddings are tied "
-                             f"({self.cfg.model.path}) gives wrong gradients; use tensor_parallel_degree: 1 "
+        self.tp, self.pp = t.tensor_parallel_degree, t.pipeline_parallel_degree
+        if (self.tp > 1 or self.pp > 1) and hf_model.config.tie_word_embeddings:
+            # TP, measured: tied embedding/head weights get wrong gradients under torchtitan's plan; PP: the
+            # embedding and the head live on different stages
+            raise ValueError(f"trainer.tensor_parallel_degree {self.tp} / pipeline_parallel_degree {self.pp} need a "
+                             f"model with untied embeddings, and {self.cfg.model.path} ties them; set both to 1 "
                              "(FSDP over all trainer.procs) for it")
-        parallelism = titan_parallelism(self.world, self.tp)
+        parallelism = titan_parallelism(self.world, self.tp, self.pp)
         model = titan_from_hf(hf_model, parallelism)
         if self.world > 1:
+            dims = build_titan_dims(parallelism)
+            if self.pp > 1:
+                self.stage, _ = split_titan_stage(model, dims)
+                self.pp_group = dims.get_mesh("pp").get_group()
             bf16 = next(model.parameters()).is_cuda  # bf16 compute, fp32 master weights (torchtitan's default)
-            shard_titan_model(model, parallelism, t.activation_checkpointing, bf16=bf16)
+            shard_titan_model(model, parallelism, dims, t.activation_checkpointing, bf16=bf16)
         elif t.activation_checkpointing != "none":
             apply_activation_checkpointing(model, t.activation_checkpointing)
         return model
 
     def _full_state(self) -> dict[str, torch.Tensor]:
-        """The unsharded model state (collective when sharded), in the backend's own layout."""
-        return full_state_dict(self.trainer.model) if self.world > 1 else self.trainer.model.state_dict()
+        """The unsharded model state (collective when sharded), in the backend's own layout; with pipeline stages,
+        the first stage of each pipeline gathers the whole model (the others return their stage's part)."""
+        if self.world == 1:
+            return self.trainer.model.state_dict()
+        if self.pp > 1:
+            return gather_pipeline_state(self.trainer.model, self.pp_group)
+        return full_state_dict(self.trainer.model)
 
     def _hf_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`state` in HF layout (what generators and the reference load)."""
@@ -201,14 +227,19 @@ class TrainerWorker(Worker):
 
         inputs, targets = episodes_to_train_inputs(episodes, self.tokenizer.pad_token_id)
         # global normalisers: every rank divides by the whole batch's token/sequence count, gradients are summed;
-        # the tp ranks of one tensor-parallel group hold the same slice, so sums over all ranks count it tp times
+        # the tp × pp ranks of one slice hold the same episodes, so sums over all ranks count it tp × pp times
         counts = torch.tensor([targets["padding_mask"].sum().item(), float(len(episodes))], dtype=torch.float64)
         dist.all_reduce(counts)
-        counts /= self.tp
+        counts /= self.tp * self.pp
         self.trainer.train_step(inputs, targets, num_tokens=int(counts[0]), num_seqs=int(counts[1]))
-        loss = torch.tensor([self.trainer.metrics["loss"]], dtype=torch.float64)
-        dist.all_reduce(loss)
-        return {**{f"loss/{k}": v for k, v in self.trainer.metrics.items()}, "loss/loss": float(loss) / self.tp}
+        # loss, entropy and the loss's diagnostics are this slice's share of the batch's value (global normalisers):
+        # sum them over the slices; every rank of a slice reports its slice (pipeline stages: the last stage's)
+        metrics = dict(self.trainer.metrics)
+        shared = sorted(k for k in metrics if k not in ("grad_norm", "lr", "num_tokens"))
+        sums = torch.tensor([metrics[k] for k in shared], dtype=torch.float64)
+        dist.all_reduce(sums)
+        metrics.update(zip(shared, (sums / (self.tp * self.pp)).tolist(), strict=True))
+        return {f"loss/{k}": v for k, v in metrics.items()}
 
     def _fan_out(self, method: str, *args) -> None:
         """On rank 0 of a multi-rank trainer: send the call to the other ranks before running it here."""

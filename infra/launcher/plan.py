@@ -91,12 +91,14 @@ def check_capacity(cfg: RunConfig, jobs: list[JobPlan]) -> None:
 
 
 def titan_layout(cfg) -> str:
-    """' (FSDP d x TP t, AC mode)' for trainer.backend titan, else ''."""
+    """' (FSDP d x TP t[ x PP p], AC mode)' for trainer.backend titan, else ''."""
     t = cfg.trainer
     if t.backend != "titan":
         return ""
-    dp = t.procs // t.tensor_parallel_degree
-    return f" (FSDP {dp} x TP {t.tensor_parallel_degree}, activation checkpointing {t.activation_checkpointing})"
+    dp = t.procs // (t.tensor_parallel_degree * t.pipeline_parallel_degree)
+    pp = f" x PP {t.pipeline_parallel_degree}" if t.pipeline_parallel_degree > 1 else ""
+    return (f" (FSDP {dp} x TP {t.tensor_parallel_degree}{pp}, activation checkpointing "
+            f"{t.activation_checkpointing})")
 
 
 def render_plan(cfg: RunConfig, jobs: list[JobPlan], config_path: str) -> str:

@@ -63,14 +63,18 @@ def test_titan_fsdp_two_ranks_match_hf_backend_and_publish_hf_weights(tmp_path):
     assert torch.equal(reloaded.state_dict()["model.norm.weight"], titan[1]["model.norm.weight"])
 
 
-def test_titan_tensor_parallel_matches_hf_backend(tmp_path):
-    # tensor parallelism needs untied embeddings (the tied tiny presets are refused, tested below)
+def untied_model(tmp_path):
+    """(path, model, tokenizer) of a tiny Qwen3 with untied embeddings (TP and PP refuse tied ones)."""
     model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
     model.config.tie_word_embeddings = False
     with torch.random.fork_rng():
         torch.manual_seed(0)
         untied = type(model)(model.config)
-    path = save_model_and_tokenizer(untied, tok, tmp_path / "untied")
+    return save_model_and_tokenizer(untied, tok, tmp_path / "untied"), untied, tok
+
+
+def test_titan_tensor_parallel_matches_hf_backend(tmp_path):
+    path, untied, tok = untied_model(tmp_path)
     cfg = {b: tiny_config("local", **SETTINGS, **{"model.path": str(path), "trainer.procs": 2, "trainer.backend": b,
                                                    "trainer.tensor_parallel_degree": 2 if b == "titan" else 1})
            for b in ("hf", "titan")}
@@ -78,9 +82,35 @@ def test_titan_tensor_parallel_matches_hf_backend(tmp_path):
     assert_same_training(*(train_two_steps(cfg[b], tmp_path / b, groups) for b in ("hf", "titan")))
 
 
+def test_titan_pipeline_stages_match_hf_backend_and_checkpoint_reshards(tmp_path):
+    path, untied, tok = untied_model(tmp_path)
+    common = {**SETTINGS, "model.path": str(path), "trainer.procs": 2, "trainer.micro_batch_size": 5}
+    hf_cfg = tiny_config("local", **common)
+    pp_cfg = tiny_config("local", **common, **{"trainer.backend": "titan", "trainer.pipeline_parallel_degree": 2})
+    groups = scored_groups(hf_cfg, untied, tok)  # 32 episodes: 7 micro-batches of 5 rows, 3 of them padding
+    hf, pp = train_two_steps(hf_cfg, tmp_path / "hf", groups), train_two_steps(pp_cfg, tmp_path / "pp", groups)
+    assert_same_training(hf, pp)
+    assert pp[0][0]["loss/entropy"] == pytest.approx(hf[0][0]["loss/entropy"], rel=1e-5)  # from the last stage
+    # the stages' checkpoint keys are the whole model's: an FSDP titan trainer resumes from it
+    fsdp_cfg = tiny_config("local", **common, **{"trainer.backend": "titan"})
+    with WorkerPool(fsdp_cfg, tmp_path / "fsdp", roles=("trainer",)) as pool:
+        assert pool.call("trainer", "load_checkpoint", str(pp[2])) == 2
+        pool.call("trainer", "publish_weights", 2)
+        resumed = FSWeightStore(pool.store_root).fetch(2)[1]
+    assert all(torch.equal(resumed[k], pp[1][k]) for k in pp[1])
+
+
+def test_titan_pipeline_refuses_tied_embeddings(tmp_path):
+    cfg = tiny_config("local", **{"trainer.procs": 2, "trainer.backend": "titan",
+                                  "trainer.pipeline_parallel_degree": 2})
+    with pytest.raises(Exception, match="untied embeddings"):
+        with WorkerPool(cfg, tmp_path, roles=("trainer",)):
+            pass
+
+
 def test_titan_tensor_parallel_refuses_tied_embeddings(tmp_path):
     cfg = tiny_config("local", **{"trainer.procs": 2, "trainer.backend": "titan", "trainer.tensor_parallel_degree": 2})
-    with pytest.raises(Exception, match="tied"):
+    with pytest.raises(Exception, match="untied embeddings"):
         with WorkerPool(cfg, tmp_path, roles=("trainer",)):
             pass
 

@@ -78,7 +78,9 @@ def test_titan_refuses_left_padding_and_unknown_architectures():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"trainer.backend": "titan", "trainer.pipeline_parallel_degree": 2}, "pipeline_parallel_degree > 1"),
+    ({"trainer.backend": "titan", "trainer.procs": 4, "trainer.pipeline_parallel_degree": 2,
+      "trainer.tensor_parallel_degree": 2}, "not supported yet; use one of them"),
+    ({"trainer.backend": "titan", "trainer.procs": 3, "trainer.pipeline_parallel_degree": 2}, "must equal"),
     ({"trainer.backend": "titan", "trainer.procs": 3, "trainer.tensor_parallel_degree": 2}, "must equal"),
     ({"trainer.backend": "titan", "trainer.procs": 4, "trainer.data_parallel_shard_degree": 3}, "must equal"),
     ({"trainer.tensor_parallel_degree": 2, "trainer.procs": 2}, "need trainer.backend: titan"),
@@ -95,6 +97,9 @@ def test_titan_layout_accepts_fsdp_times_tp():
     from infra.launcher.plan import titan_layout
 
     assert titan_layout(cfg) == " (FSDP 2 x TP 2, activation checkpointing none)"
+    cfg = load_config("configs/grpo_math_tiny.yaml", {"trainer.backend": "titan", "trainer.procs": 4,
+                                                      "trainer.pipeline_parallel_degree": 2})
+    assert titan_layout(cfg) == " (FSDP 2 x TP 1 x PP 2, activation checkpointing none)"
 
 
 def test_sft_phase_with_titan_backend_equals_hf_backend(tmp_path):

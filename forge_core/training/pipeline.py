@@ -1,0 +1,166 @@
+"""PipelineTrainer: the Trainer's step for one pipeline stage of a model split over a process group.
+
+Every stage runs the same GPipe schedule over the batch's micro-batches (torch.distributed.pipelining); the last
+stage turns each micro-batch's logits into the policy loss with the same global normalisers as `Trainer`, so the
+summed loss and gradients equal the unsplit model's. Gradient clipping uses the norm over all stages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from forge_core.training.batching import collate
+from forge_core.training.logprobs import gather_logprobs, token_entropy
+from forge_core.training.trainer import Trainer
+
+
+@dataclass
+class StepTotals:
+    """What the last stage adds up over the micro-batches of one step."""
+
+    loss: float = 0.0
+    entropy: float = 0.0
+    finite: bool = True
+    weighted: dict[str, float] = field(default_factory=dict)
+
+
+class PipelineTrainer(Trainer):
+    """`model` holds this rank's stage (its parameters are the ones optimised here); `stage_module` is the part of
+    it the schedule runs: the first stage takes token ids [b, L], the last returns logits [b, L, V]."""
+
+    def __init__(self, model, stage_module, loss, settings, pad_id: int, group, stage_index: int, num_stages: int,
+                 device: torch.device) -> None:
+        super().__init__(model, loss, settings, pad_id)
+        self.stage_module, self.group, self.device = stage_module, group, device
+        self.stage_index, self.num_stages = stage_index, num_stages
+        self.first, self.last = stage_index == 0, stage_index == num_stages - 1
+        self._meta = None
+
+    def train_step(self, inputs: list[dict], targets: dict, num_tokens: int | None = None,
+                   num_seqs: int | None = None) -> float:
+        """One optimizer step of this stage over the whole batch (collective over the pipeline group); every stage
+        returns the loss. Arguments as `Trainer.train_step`; micro-batches hold micro_batch_size rows (at least
+        one per stage, padded with empty rows to equal sizes)."""
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        self.model.train()
+        mask = targets["padding_mask"].bool()
+        num_tokens = num_tokens or mask.sum().clamp(min=1).item()
+        num_seqs = num_seqs or (mask.sum(-1) > 0).sum().clamp(min=1).item()
+        batch = collate(inputs, mask, self.pad_id)
+        rows = len(inputs)
+        n_micro = min(rows, max(-(-rows // self.settings.micro_batch_size), self.num_stages))
+        extra = -rows % n_micro  # empty rows (no real token) so every micro-batch has the same shape
+        data = {"tokens": pad_rows(batch.tokens, extra, self.pad_id), "positions": pad_rows(batch.positions, extra, 0),
+                "mask": pad_rows(mask, extra, False)}
+        data.update({k: pad_rows(v, extra, 0) for k, v in targets.items()
+                     if isinstance(v, torch.Tensor) and k != "padding_mask"})
+        data = {k: v.to(self.device) for k, v in data.items()}
+        totals = StepTotals()
+
+        def micro_batch_loss(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+            return self._loss(logits, index, data, totals, num_tokens, num_seqs)
+
+        # shapes given up front: torch would otherwise infer them with a forward and backward on empty tensors,
+        # which calls the loss on garbage and leaves their gradients in unsharded stages
+        b, length = (rows + extra) // n_micro, data["tokens"].shape[1]
+        (in_dtype, in_dim), (out_dtype, out_dim) = self._boundary_meta()
+        # hidden states carry gradients between stages (what tells torch to send and receive them)
+        example_in = (torch.empty((b, length), dtype=in_dtype, device=self.device) if self.first else
+                      torch.empty((b, length, in_dim), dtype=in_dtype, device=self.device, requires_grad=True))
+        example_out = torch.empty((b, length, out_dim), dtype=out_dtype, device=self.device, requires_grad=True)
+        stage = PipelineStage(self.stage_module, self.stage_index, self.num_stages, self.device, group=self.group,
+                              input_args=example_in, output_args=example_out)
+        schedule = ScheduleGPipe(stage, n_microbatches=n_micro, loss_fn=micro_batch_loss, scale_grads=False)
+        self.optimizer.zero_grad(set_to_none=True)
+        index = torch.arange(rows + extra, device=self.device)  # the loss looks each micro-batch's rows up by index
+        args = (data["tokens"],) if self.first else ()
+        schedule.step(*args, target=index if self.last else None, return_outputs=False)
+        totals = self._from_last_stage(totals)
+        if not totals.finite:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RuntimeError(f"non-finite loss at step {self.step}; weights left unchanged — lower trainer.lr or "
+                               "check the rewards/advantages")
+        grad_norm = self._clip_gradients()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.metrics = {"loss": totals.loss, "grad_norm": grad_norm, "lr": lr, "entropy": totals.entropy / num_tokens,
+                        "num_tokens": float(num_tokens), **totals.weighted}
+        return totals.loss
+
+    def _loss(self, logits, index, data, totals: StepTotals, num_tokens, num_seqs) -> torch.Tensor:
+        """The policy loss of one micro-batch (rows `index` of the padded batch) from the last stage's logits."""
+        positions, mask = data["positions"][index], data["mask"][index]
+        picked = logits.gather(1, (positions - 1).clamp(min=0)[..., None].expand(-1, -1, logits.shape[-1]))
+        lp = gather_logprobs(picked, data["tokens"][index].gather(1, positions), self.settings.temperature)
+        ent = token_entropy(picked if self.settings.entropy_coef else picked.detach(), self.settings.temperature)
+        rows = lambda key: data[key][index] if key in data else None  # noqa: E731
+        loss = self.loss_fn(lp, rows("ref_logprobs"), rows("advantages"), mask, old_logprobs=rows("old_logprobs"),
+                            num_tokens=num_tokens, num_seqs=num_seqs)
+        ent_tokens = torch.where(mask, ent, torch.zeros_like(ent)).sum()
+        if self.settings.entropy_coef:
+            loss = loss - self.settings.entropy_coef * ent_tokens / num_tokens
+        totals.finite = totals.finite and bool(torch.isfinite(loss))
+        totals.loss += loss.item()
+        totals.entropy += ent_tokens.item()
+        share = mask.sum().item() / num_tokens
+        for k, v in getattr(self.loss_fn, "metrics", {}).items():
+            totals.weighted[k] = totals.weighted.get(k, 0.0) + share * v
+        return loss
+
+    def _boundary_meta(self) -> tuple[tuple[torch.dtype, int], tuple[torch.dtype, int]]:
+        """((dtype, last dim) of this stage's input, same of its output), found once by running each stage in
+        order on one token (the output dtype depends on mixed precision, the input's on the previous stage)."""
+        if self._meta is None:
+            previous = (torch.long, 1)
+            for s in range(self.num_stages):
+                box = [None]
+                if s == self.stage_index:
+                    dtype, dim = previous
+                    shape = (1, 1) if self.first else (1, 1, dim)
+                    with torch.no_grad():
+                        out = self.stage_module(torch.zeros(shape, dtype=dtype, device=self.device))
+                    out = out.to_local() if hasattr(out, "to_local") else out
+                    self._meta = (previous, (out.dtype, out.shape[-1]))
+                    box = [self._meta[1]]
+                dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, s), group=self.group)
+                previous = box[0]
+        return self._meta
+
+    def _from_last_stage(self, totals: StepTotals) -> StepTotals:
+        """The last stage's totals on every stage (they decide together whether the step is applied)."""
+        box = [totals if self.last else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, self.num_stages - 1), group=self.group)
+        return box[0]
+
+    def _clip_gradients(self) -> float:
+        """Clip to trainer.max_norm by the norm over every stage's gradients; returns that norm."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        local = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        local = local.full_tensor() if hasattr(local, "full_tensor") else local  # FSDP-sharded stage: global value
+        squared = local.detach().double().square().reshape(1).to(self.device)
+        dist.all_reduce(squared, group=self.group)
+        norm = math.sqrt(squared.item())
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RuntimeError(f"non-finite gradient norm at step {self.step}; weights left unchanged — lower trainer.lr")
+        max_norm = self.settings.max_norm if self.settings.max_norm > 0 else float("inf")
+        coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        return norm
+
+
+def pad_rows(x: torch.Tensor, extra: int, value) -> torch.Tensor:
+    """`x` [B, ...] with `extra` rows of `value` appended."""
+    if extra == 0:
+        return x
+    return torch.cat([x, torch.full((extra, *x.shape[1:]), value, dtype=x.dtype, device=x.device)])
