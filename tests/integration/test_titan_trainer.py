@@ -82,12 +82,14 @@ def test_titan_tensor_parallel_matches_hf_backend(tmp_path):
     assert_same_training(*(train_two_steps(cfg[b], tmp_path / b, groups) for b in ("hf", "titan")))
 
 
-def test_titan_pipeline_stages_match_hf_backend_and_checkpoint_reshards(tmp_path):
+@pytest.mark.parametrize("procs", [2, 4], ids=["pp2", "pp2-fsdp2"])
+def test_titan_pipeline_stages_match_hf_backend_and_checkpoint_reshards(tmp_path, procs):
     path, untied, tok = untied_model(tmp_path)
     common = {**SETTINGS, "model.path": str(path), "trainer.procs": 2, "trainer.micro_batch_size": 5}
     hf_cfg = tiny_config("local", **common)
-    pp_cfg = tiny_config("local", **common, **{"trainer.backend": "titan", "trainer.pipeline_parallel_degree": 2})
-    groups = scored_groups(hf_cfg, untied, tok)  # 32 episodes: 7 micro-batches of 5 rows, 3 of them padding
+    pp_cfg = tiny_config("local", **{**common, "trainer.backend": "titan", "trainer.pipeline_parallel_degree": 2,
+                                     "trainer.procs": procs})  # 4: FSDP over 2 ranks inside each stage
+    groups = scored_groups(hf_cfg, untied, tok)  # 32 episodes; pp2: 7 micro-batches of 5 rows, 3 rows padding
     hf, pp = train_two_steps(hf_cfg, tmp_path / "hf", groups), train_two_steps(pp_cfg, tmp_path / "pp", groups)
     assert_same_training(hf, pp)
     assert pp[0][0]["loss/entropy"] == pytest.approx(hf[0][0]["loss/entropy"], rel=1e-5)  # from the last stage
