@@ -16,6 +16,8 @@ TINY_PRESETS: dict[str, dict] = {
     "qwen3-micro": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=16, max_position_embeddings=256),
 }
+# untied embedding and head, as the 4B+ Qwen3 models: what tensor and pipeline parallelism need
+TINY_PRESETS["qwen3-arith-untied"] = dict(TINY_PRESETS["qwen3-arith"], tie_word_embeddings=False)
 TINY_PREFIX = "tiny:"
 
 
@@ -26,9 +28,9 @@ def build_tiny_model(preset: str, tokenizer, seed: int = 0, dtype: torch.dtype =
     if preset not in TINY_PRESETS:
         raise ValueError(f"unknown tiny preset {preset!r}; choose one of {sorted(TINY_PRESETS)} (model.path: tiny:NAME)")
     config = Qwen3Config(
-        vocab_size=len(tokenizer), tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        vocab_size=len(tokenizer), rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-        **TINY_PRESETS[preset],
+        **{"tie_word_embeddings": True, **TINY_PRESETS[preset]},
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

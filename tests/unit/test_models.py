@@ -29,6 +29,10 @@ def test_tiny_preset_is_qwen3_with_gqa():
     assert cfg.model_type == "qwen3" and cfg.hidden_size == 256 and cfg.num_hidden_layers == 4
     assert cfg.num_key_value_heads < cfg.num_attention_heads
     assert cfg.vocab_size == len(tok)
+    assert cfg.tie_word_embeddings
+    untied, _ = load_model_and_tokenizer("tiny:qwen3-arith-untied")
+    assert not untied.config.tie_word_embeddings and untied.config.hidden_size == 256
+    assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
 
 
 def test_save_and_load_with_transformers_directly(tmp_path):
