@@ -13,8 +13,10 @@ from workers.remote import run_remote_iteration
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
 
-def test_slurm_pool_runs_two_iterations_and_sees_scancel(slurm_cluster, tmp_path):
-    cfg = tiny_config("slurm", **{"slurm.cpus_per_task": 1, "slurm.time": "00:30:00"})
+@pytest.mark.parametrize("sync", ["fs", "broadcast"])
+def test_slurm_pool_runs_two_iterations_and_sees_scancel(slurm_cluster, tmp_path, sync):
+    # broadcast: the trainer's job hosts the weight group on its node's name; a new trainer hosts a new one
+    cfg = tiny_config("slurm", **{"slurm.cpus_per_task": 1, "slurm.time": "00:30:00", "weightsync.backend": sync})
     splits = tiny_splits(cfg)
     with WorkerPool(cfg, tmp_path / "slurm-run") as pool:
         jobs = {role: [m.job.job_id for m in members] for role, members in pool.members.items()}
@@ -34,3 +36,6 @@ def test_slurm_pool_runs_two_iterations_and_sees_scancel(slurm_cluster, tmp_path
         assert info.value.job_id == str(jobs["trainer"][0])
         pool.restart("trainer")
         assert pool.call("trainer", "health")["policy_version"] == 0
+        m = run_remote_iteration(pool, splits.train[:4], splits.train_prompts[:4], 4, seed=0, step=0)
+        assert m["policy_version"] == 1 and "weights/publish_failed" not in m
+        assert pool.health()["generator"][0]["policy_version"] == 1  # reached the generator (new group with broadcast)
