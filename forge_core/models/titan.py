@@ -143,15 +143,27 @@ class TitanCausalLM(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
         """SimpleNamespace(logits [B, L, V]) for right-padded input_ids [B, L]."""
-        if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
-            # causal SDPA ignores the mask: a pad before a real token would be attended to
-            raise ValueError("TitanCausalLM needs right-padded inputs (attention_mask 1…1 0…0 per row)")
-        logits = self.decoder(input_ids)
-        # under tensor parallelism the head's output is a vocab-sharded DTensor (torchtitan's loss-parallel layout)
-        return SimpleNamespace(logits=logits.full_tensor() if hasattr(logits, "full_tensor") else logits)
+        _check_right_padded(attention_mask)
+        return SimpleNamespace(logits=_full(self.decoder(input_ids)))
+
+    def response_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                        rows: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, V] at positions `rows` [B, T] of right-padded input_ids [B, L]: only those go through the LM
+        head, whose output dominates a step's memory with a large vocabulary (not under tensor parallelism, where the
+        sequence-sharded hidden states go through the vocab-sharded head whole)."""
+        _check_right_padded(attention_mask)
+        self.decoder._skip_lm_head = True  # the decoder returns the final norm's output
+        try:
+            hidden = self.decoder(input_ids)
+        finally:
+            self.decoder._skip_lm_head = False
+        if hasattr(hidden, "full_tensor"):  # tensor parallel
+            logits = _full(self.decoder.lm_head(hidden))
+            return logits.gather(1, rows[..., None].expand(-1, -1, logits.shape[-1]))
+        return self.decoder.lm_head(hidden.gather(1, rows[..., None].expand(-1, -1, hidden.shape[-1])))
 
     def get_output_embeddings(self):
-        """None: the LM head runs inside the decoder's forward (it is FSDP-wrapped with the final norm)."""
+        """None: the LM head runs inside the decoder (see response_logits)."""
         return None
 
     def load_hf_state_dict(self, hf_state: dict[str, torch.Tensor]) -> None:
@@ -178,6 +190,17 @@ class TitanCausalLM(torch.nn.Module):
         model = AutoModelForCausalLM.from_config(self.hf_config)
         model.load_state_dict(self.to_hf_state_dict(state))
         return model
+
+
+def _check_right_padded(attention_mask: torch.Tensor | None) -> None:
+    if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
+        # causal SDPA ignores the mask: a pad before a real token would be attended to
+        raise ValueError("TitanCausalLM needs right-padded inputs (attention_mask 1…1 0…0 per row)")
+
+
+def _full(logits: torch.Tensor) -> torch.Tensor:
+    """Plain logits; under tensor parallelism the head's output is a vocab-sharded DTensor (loss-parallel layout)."""
+    return logits.full_tensor() if hasattr(logits, "full_tensor") else logits
 
 
 def titan_from_hf(hf_model, parallelism=None) -> TitanCausalLM:

@@ -34,6 +34,8 @@ def response_logits(model, tokens: torch.Tensor, attention_mask: torch.Tensor, p
     Only the response positions go through the LM head, so prompt positions cost no vocabulary projection.
     """
     prev = (positions - 1).clamp(min=0)
+    if hasattr(model, "response_logits"):  # a model that picks the positions itself (TitanCausalLM)
+        return model.response_logits(tokens, attention_mask, prev)
     decoder, head = getattr(model, "get_decoder", lambda: None)(), model.get_output_embeddings()
     # an FSDP2-sharded root only gathers its own (embedding/head) parameters inside its forward: call it whole
     if decoder is None or head is None or hasattr(model, "reshard"):

@@ -56,6 +56,26 @@ def test_titan_gradients_equal_hf_including_the_pad_row():
     assert (grads[0] - grads[1]).abs().max().item() < 1e-4
 
 
+def test_titan_response_logprobs_skip_the_prompt_and_equal_hf():
+    from forge_core.training.logprobs import sequence_logprobs
+
+    hf = hf_models()["llama-default"]  # untied: the head's own gradient is checked too
+    titan = titan_from_hf(hf)
+    tokens = torch.randint(1, 100, (2, 30), generator=torch.Generator().manual_seed(2))
+    attention = torch.ones_like(tokens)
+    positions = torch.tensor([list(range(22, 30)), [25, 26, 27, 28, 29, 29, 29, 29]])  # the responses
+    head_rows = []
+    titan.decoder.lm_head.register_forward_hook(lambda _m, inputs, _out: head_rows.append(inputs[0].shape[1]))
+    out = {}
+    for name, model, head in ((("hf", hf, "lm_head.weight"), ("titan", titan, "decoder.lm_head.weight"))):
+        lp, _ = sequence_logprobs(model, tokens, attention, positions)
+        lp.sum().backward()
+        out[name] = (lp.detach(), dict(model.named_parameters())[head].grad)
+    assert head_rows == [8]  # the head saw the 8 response positions, not the 30 of the sequence
+    assert (out["hf"][0] - out["titan"][0]).abs().max().item() < 1e-5
+    assert (out["hf"][1] - out["titan"][1]).abs().max().item() < 1e-5
+
+
 def test_titan_keeps_dtype_and_the_complex_rope_cache():
     hf = hf_models()["llama-default"].to(torch.bfloat16)
     titan = titan_from_hf(hf)
