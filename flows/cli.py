@@ -158,18 +158,21 @@ def print_plan(args, cfg, extra: list[str]) -> int:
     from pathlib import Path
 
     from infra import components as C
-    from infra.launcher.plan import check_capacity, plan_jobs, render_plan, sbatch_script
+    from infra.launcher.plan import check_capacity, plan_jobs, render_plan, sbatch_script, sft_in_workers
 
     if args.command == "sft":
-        print(f"plan for {args.config}: SFT {cfg.sft.steps} steps of {cfg.model.path} ({cfg.model.dtype}), batch "
-              f"{cfg.sft.batch_size}, lr {cfg.sft.lr}, dataset {cfg.dataset.kind} — one trainer process (the flow's "
-              "own), no workers")
+        jobs = [j for j in plan_jobs(cfg, False) if j.role == "trainer"] if sft_in_workers(cfg) else []
+        plan = render_plan(cfg, jobs, args.config, sft=True)
+        if not jobs:
+            plan = plan.splitlines()[0] + " — in the flow's own process (one CPU trainer), no workers"
+        print(plan)
+        check_capacity(cfg, jobs)
     else:
         jobs = plan_jobs(cfg, C.needs_reference(cfg))
         print(render_plan(cfg, jobs, args.config))
         check_capacity(cfg, jobs)
     if args.sbatch:
-        Path(args.sbatch).write_text(sbatch_script(cfg, args.config, extra))
+        Path(args.sbatch).write_text(sbatch_script(cfg, args.config, extra, command=args.command))
         print(f"sbatch script: {args.sbatch} (submit with: sbatch {args.sbatch})")
     print("dry run: nothing started")
     return 0

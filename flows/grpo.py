@@ -22,7 +22,7 @@ from prefect.utilities.annotations import quote
 
 from flows.deploy import MAX_FLOW_RUN_ATTEMPTS
 from flows.inprocess import line_for_step
-from forge_core.models import load_model_and_tokenizer
+from forge_core.models import load_tokenizer
 from infra import components as C
 from infra.config import dump_config, load_config
 from infra.launcher import WorkerPool
@@ -151,7 +151,7 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
         sft_dir, sft_run = out / "sft", f"{run_id}-sft"
         init_path = str(sft_dir) if (sft_dir / "config.json").exists() else \
             sft_flow(config, overrides, out_dir=str(out), run_id=sft_run, sweep_id=sweep_id)
-    _, tok = load_model_and_tokenizer(init_path or cfg.model.path, seed=cfg.seed)
+    tok = load_tokenizer(init_path or cfg.model.path)  # the weights live in the workers
     splits = C.build_splits(cfg, tok)
     records = RunRecords(cfg, run_id, out)
     records.start(run_name, str(flow_run.id) if flow_run.id else None, dataset_fingerprint(splits.train),

@@ -1,4 +1,5 @@
-"""The `sft` flow: supervised warm-up of the configured model on the dataset's answers, in this process.
+"""The `sft` flow: supervised warm-up of the configured model on the dataset's answers — in this process for one
+CPU trainer, else on a trainer worker (trainer.procs ranks, FSDP / torchtitan, GPUs when offered).
 
     dataset ─(prompt, answer)─▶ sft_train (masked cross-entropy, AdamW, cosine) ─▶ <run>/sft (HF checkpoint)
 """
@@ -21,15 +22,24 @@ def sft_train(config: str, overrides: dict | None, out_dir: str) -> str:
     """cfg.sft.steps of SFT from cfg.model.path; returns the saved HF checkpoint directory."""
     from pathlib import Path
 
-    from flows.inprocess import sft_phase
-    from forge_core.models import load_model_and_tokenizer
+    from flows.inprocess import run_sft_steps, sft_phase
+    from forge_core.models import load_model_and_tokenizer, load_tokenizer
     from infra import components as C
+    from infra.launcher import WorkerPool
+    from infra.launcher.plan import sft_in_workers
+    from workers.remote import RemoteSFTTrainer
 
     cfg = load_config(config, overrides)
     C.configure_threads(cfg)
-    model, tok = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed, dtype=C.DTYPES[cfg.model.dtype])
-    splits = C.build_splits(cfg, tok)
-    return str(sft_phase(cfg, model, tok, splits, Path(out_dir), show=sys.stderr.isatty()))
+    show = sys.stderr.isatty()
+    if not sft_in_workers(cfg):
+        model, tok = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed, dtype=C.DTYPES[cfg.model.dtype])
+        return str(sft_phase(cfg, model, tok, C.build_splits(cfg, tok), Path(out_dir), show))
+    # the model lives on the trainer worker's ranks (FSDP / torchtitan layout, GPUs); here only the tokenizer
+    tok = load_tokenizer(cfg.model.path)
+    with WorkerPool(cfg, Path(out_dir), roles=("trainer",)) as pool:
+        run_sft_steps(cfg, RemoteSFTTrainer(pool), tok, C.build_splits(cfg, tok), show)
+        return pool.call("trainer", "save_pretrained", str(Path(out_dir) / "sft"))
 
 
 @flow(name="sft", persist_result=False)
@@ -40,7 +50,7 @@ def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None 
     Registered as its own run (recipe sft) with the checkpoint, so GRPO runs started from it link back."""
     from prefect.runtime import flow_run
 
-    from forge_core.models import load_model_and_tokenizer
+    from forge_core.models import load_tokenizer
     from infra import components as C
     from infra.records import RunRecords, dataset_fingerprint
 
@@ -52,7 +62,7 @@ def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None 
         out_dir = str(run_dir(run_id))
     dump_config(cfg, Path(out_dir) / "config.yaml")
     records = RunRecords(cfg, run_id, Path(out_dir), recipe="sft")
-    _, tok = load_model_and_tokenizer(cfg.model.path)
+    tok = load_tokenizer(cfg.model.path)
     records.start(run_name or run_id, str(flow_run.id) if flow_run.id else None,
                   dataset_fingerprint(C.build_splits(cfg, tok).train), sweep_id=sweep_id)
     t0 = time.perf_counter()

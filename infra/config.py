@@ -325,6 +325,7 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     if cfg.reward.timeout_s < 0:
         raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
     check_trainer_layout(cfg, where)
+    check_sft_batch(cfg, where)
     if cfg.generator.backend == "vllm" and cfg.weightsync.backend != "fs":
         raise ValueError(f"{where}: generator.backend vllm reads weights from files, so weightsync.backend "
                          f"{cfg.weightsync.backend!r} cannot feed it: set weightsync.backend: fs (weightsync.root on "
@@ -358,6 +359,20 @@ def check_trainer_layout(cfg: RunConfig, where: str) -> None:
         raise ValueError(f"{where}: trainer.procs ({t.procs}) must equal data_parallel_shard_degree ({dp}) × "
                          f"tensor_parallel_degree ({tp}) × pipeline_parallel_degree ({pp}); set "
                          "data_parallel_shard_degree: -1 to use the rest")
+
+
+def data_parallel_degree(cfg: RunConfig) -> int:
+    """How many slices a trainer batch is split into (the other trainer ranks repeat a slice: TP, PP)."""
+    t = cfg.trainer
+    return t.procs if t.backend != "titan" else t.procs // (t.tensor_parallel_degree * t.pipeline_parallel_degree)
+
+
+def check_sft_batch(cfg: RunConfig, where: str) -> None:
+    """Every data-parallel slice of the trainer needs at least one SFT example per step."""
+    dp = data_parallel_degree(cfg)
+    if cfg.sft.steps > 0 and cfg.sft.batch_size < dp:
+        raise ValueError(f"{where}: sft.batch_size ({cfg.sft.batch_size}) is smaller than the trainer's "
+                         f"{dp} data-parallel slices (trainer.procs); set sft.batch_size >= {dp}")
 
 
 def looks_local(path: str) -> bool:

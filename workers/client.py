@@ -11,7 +11,15 @@ import socket
 import time
 from multiprocessing.connection import Client, Connection
 
-from workers.protocol import Rendezvous, WorkerCallError, WorkerLost, disable_nagle, pid_alive
+from workers.protocol import (
+    Rendezvous,
+    WorkerCallError,
+    WorkerLost,
+    disable_nagle,
+    pid_alive,
+    receive_message,
+    send_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +64,7 @@ class WorkerClient:
             self.connect()
         timeout = self.call_timeout_s if timeout is None else timeout
         try:
-            self.conn.send((method, args, kwargs))
+            send_message(self.conn, (method, args, kwargs))
             deadline = time.monotonic() + timeout
             while not self.conn.poll(self.poll_s):
                 reason = self.death_reason()
@@ -64,7 +72,7 @@ class WorkerClient:
                     raise self._lost(reason)
                 if time.monotonic() > deadline:
                     raise self._lost(f"no reply to {method} within {timeout:.0f}s")
-            reply = self.conn.recv()
+            reply = receive_message(self.conn)
         except (EOFError, ConnectionError, OSError) as exc:
             raise self._lost(f"connection dropped during {method} ({type(exc).__name__}: "
                              f"{self.death_reason() or exc})") from exc

@@ -1,20 +1,33 @@
 """What travels between a controller and a worker, and the errors a caller sees.
 
 A request is `(method, args, kwargs)`; a reply is `("ok", value)` or `("error", type_name, message, traceback)`.
-Both are pickled by `multiprocessing.connection`, which also does the HMAC challenge with the run's authkey.
+Both travel as plain pickles (`send_message` / `receive_message`) over a `multiprocessing.connection`, which does
+the HMAC challenge with the run's authkey.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 CALLS = ("generate", "train_step", "ref_logprobs", "score", "load_weights", "publish_weights", "save_checkpoint",
          "load_checkpoint", "evaluate", "rollout", "health", "shutdown", "open_weight_group", "join_weight_group",
-         "await_weight_group")
+         "await_weight_group", "sft_step", "save_pretrained")
+
+
+def send_message(conn, obj) -> None:
+    """Pickle `obj` with the plain pickler: Connection.send's pickler hands tensors over as shared-memory file
+    descriptors (torch's multiprocessing reductions), which only a process of the same family can open."""
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def receive_message(conn):
+    """The object `send_message` sent."""
+    return pickle.loads(conn.recv_bytes())
 
 
 class WorkerLost(RuntimeError):

@@ -81,3 +81,16 @@ def run_remote_iteration(pool, problems: Sequence[Problem], prompts: Sequence[st
     versions = {e.completion.policy_version for g in groups for e in g.episodes}
     metrics["rollout/policy_version"] = float(min(versions))
     return metrics
+
+
+class RemoteSFTTrainer:
+    """The pool's trainer worker behind the slice of the Trainer interface `run_sft` uses."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.metrics: dict[str, float] = {}
+
+    def train_step(self, inputs: list[dict], targets: dict) -> float:
+        """One SFT step on the worker (all its ranks); returns the loss."""
+        self.metrics = self.pool.call("trainer", "sft_step", inputs, targets)
+        return self.metrics["loss"]

@@ -16,7 +16,15 @@ import traceback
 from multiprocessing.connection import AuthenticationError, Connection, Listener
 from pathlib import Path
 
-from workers.protocol import CALLS, Rendezvous, disable_nagle, pid_alive, write_rendezvous
+from workers.protocol import (
+    CALLS,
+    Rendezvous,
+    disable_nagle,
+    pid_alive,
+    receive_message,
+    send_message,
+    write_rendezvous,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +75,12 @@ class WorkerServer:
         with conn:
             while not self.stop.is_set():
                 try:
-                    method, args, kwargs = conn.recv()
+                    method, args, kwargs = receive_message(conn)
                 except (EOFError, OSError):
                     return
                 reply = self._dispatch(method, args, kwargs)
                 try:
-                    conn.send(reply)
+                    send_message(conn, reply)
                 except OSError:  # the caller went away (timeout, exit): nothing to answer
                     return
                 if method == "shutdown":

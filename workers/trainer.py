@@ -44,14 +44,8 @@ class TrainerWorker(Worker):
             model = self._build_titan(model)
         elif self.world > 1:
             shard_model(model)
-        if self.pp > 1:
-            from forge_core.training.pipeline import PipelineTrainer
-
-            self.trainer = PipelineTrainer(model, model.decoder, C.build_loss(cfg), C.trainer_settings(cfg),
-                                           self.tokenizer.pad_token_id, self.pp_group, self.stage, self.pp,
-                                           next(model.parameters()).device)
-        else:
-            self.trainer = Trainer(model, C.build_loss(cfg), C.trainer_settings(cfg), self.tokenizer.pad_token_id)
+        self.trainer = self._make_trainer(model, C.build_loss(cfg), C.trainer_settings(cfg))
+        self.sft_trainer: Trainer | None = None  # built by the first sft_step (its own optimizer and schedule)
         self.store = store
         self.last_metrics: dict[str, float] = {}
 
@@ -63,16 +57,38 @@ class TrainerWorker(Worker):
         self.calls += 1
         adv = dict(self.cfg.advantage)
         episodes, metrics = steps.compute_advantages(groups, adv.pop("name"), self.cfg.filter_groups, **adv)
-        # data-parallel slice: shared by the ranks of one tensor-parallel group (adjacent ranks) and by the pipeline
-        # stages (the outermost dimension) of that group
-        dp_size = self.world // (self.tp * self.pp)
-        dp_rank = (self.rank // self.tp) % dp_size
+        dp_rank, dp_size = self._data_parallel_slice()
         mine = episodes[dp_rank::dp_size] if dp_size > 1 else episodes
         metrics.update(self._train(mine, total_episodes=len(episodes)))
         self.step = self.step + 1 if step is None else step + 1
         self._publish_after_step(self.step, metrics)
         self.last_metrics = metrics
         return metrics
+
+    def sft_step(self, inputs: list[dict], targets: dict) -> dict[str, float]:
+        """One SFT optimizer step (masked cross-entropy, sft.* settings) on a whole batch in the Trainer contract;
+        every data-parallel slice trains on its rows. Returns the Trainer's metrics (loss, grad_norm, lr…)."""
+        self._fan_out("sft_step", inputs, targets)
+        self.calls += 1
+        if self.sft_trainer is None:
+            from forge_core.losses import get_loss
+
+            self.sft_trainer = self._make_trainer(self.trainer.model, get_loss("sft"), C.sft_settings(self.cfg))
+        if self.world == 1:
+            self.sft_trainer.train_step(inputs, targets)
+            return dict(self.sft_trainer.metrics)
+        dp_rank, dp_size = self._data_parallel_slice()
+        rows = slice(dp_rank, None, dp_size)
+        mine = {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in targets.items()}
+        return self._step_sharded(self.sft_trainer, inputs[rows], mine)
+
+    def save_pretrained(self, path: str) -> str:
+        """The current weights as a transformers checkpoint (with the tokenizer) at `path`; returns it."""
+        self._fan_out("save_pretrained", path)
+        state = self._full_state()  # collective when sharded
+        if self.rank == 0:
+            save_model_and_tokenizer(self._hf_model(state), self.tokenizer, Path(path))
+        return path
 
     def publish_weights(self, version: int) -> int:
         """Put the current weights into the weight store as `version`; returns it."""
@@ -226,20 +242,39 @@ class TrainerWorker(Worker):
         from forge_core.training import episodes_to_train_inputs
 
         inputs, targets = episodes_to_train_inputs(episodes, self.tokenizer.pad_token_id)
+        return {f"loss/{k}": v for k, v in self._step_sharded(self.trainer, inputs, targets).items()}
+
+    def _step_sharded(self, trainer: Trainer, inputs: list[dict], targets: dict) -> dict[str, float]:
+        """One optimizer step of a multi-rank trainer on this rank's slice of the batch; the batch's metrics."""
         # global normalisers: every rank divides by the whole batch's token/sequence count, gradients are summed;
-        # the tp × pp ranks of one slice hold the same episodes, so sums over all ranks count it tp × pp times
-        counts = torch.tensor([targets["padding_mask"].sum().item(), float(len(episodes))], dtype=torch.float64)
+        # the tp × pp ranks of one slice hold the same rows, so sums over all ranks count it tp × pp times
+        counts = torch.tensor([targets["padding_mask"].sum().item(), float(len(inputs))], dtype=torch.float64)
         dist.all_reduce(counts)
         counts /= self.tp * self.pp
-        self.trainer.train_step(inputs, targets, num_tokens=int(counts[0]), num_seqs=int(counts[1]))
+        trainer.train_step(inputs, targets, num_tokens=int(counts[0]), num_seqs=int(counts[1]))
         # loss, entropy and the loss's diagnostics are this slice's share of the batch's value (global normalisers):
         # sum them over the slices; every rank of a slice reports its slice (pipeline stages: the last stage's)
-        metrics = dict(self.trainer.metrics)
+        metrics = dict(trainer.metrics)
         shared = sorted(k for k in metrics if k not in ("grad_norm", "lr", "num_tokens"))
         sums = torch.tensor([metrics[k] for k in shared], dtype=torch.float64)
         dist.all_reduce(sums)
         metrics.update(zip(shared, (sums / (self.tp * self.pp)).tolist(), strict=True))
-        return {f"loss/{k}": v for k, v in metrics.items()}
+        return metrics
+
+    def _data_parallel_slice(self) -> tuple[int, int]:
+        """(index, count) of this rank's batch slice: shared by the ranks of one tensor-parallel group (adjacent
+        ranks) and by the pipeline stages (the outermost dimension) of that group."""
+        dp_size = self.world // (self.tp * self.pp)
+        return (self.rank // self.tp) % dp_size, dp_size
+
+    def _make_trainer(self, model, loss, settings) -> Trainer:
+        """A Trainer for `model`, or a PipelineTrainer for this rank's stage when pipeline stages are configured."""
+        if self.pp == 1:
+            return Trainer(model, loss, settings, self.tokenizer.pad_token_id)
+        from forge_core.training.pipeline import PipelineTrainer
+
+        return PipelineTrainer(model, model.decoder, loss, settings, self.tokenizer.pad_token_id, self.pp_group,
+                               self.stage, self.pp, next(model.parameters()).device)
 
     def _fan_out(self, method: str, *args) -> None:
         """On rank 0 of a multi-rank trainer: send the call to the other ranks before running it here."""

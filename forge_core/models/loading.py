@@ -38,29 +38,42 @@ def build_tiny_model(preset: str, tokenizer, seed: int = 0, dtype: torch.dtype =
     return model.to(dtype)
 
 
-def load_model_and_tokenizer(path: str, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from `tiny:PRESET`, a local HF directory, or a hub id (needs network)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(path: str):
+    """The tokenizer of `tiny:PRESET`, a local HF directory, or a hub id, without loading the model's weights."""
+    from transformers import AutoTokenizer
 
     from forge_core.models.tokenizer import build_char_tokenizer
 
     if path.startswith(TINY_PREFIX):
-        tokenizer = build_char_tokenizer()
-        return build_tiny_model(path[len(TINY_PREFIX):], tokenizer, seed=seed, dtype=dtype), tokenizer
+        return build_char_tokenizer()
     local = Path(path)
     if local.exists() and not (local / "config.json").exists():
         raise ValueError(f"model.path {path!r} is a directory without config.json; point it at a HF model directory")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as exc:
+        raise ValueError(f"model.path {path!r}: no tokenizer could be loaded ({exc}); use a local HF directory, a "
+                         "reachable hub id, or a tiny preset such as tiny:qwen3-arith") from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model_and_tokenizer(path: str, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) from `tiny:PRESET`, a local HF directory, or a hub id (needs network)."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(path)
+    if path.startswith(TINY_PREFIX):
+        return build_tiny_model(path[len(TINY_PREFIX):], tokenizer, seed=seed, dtype=dtype), tokenizer
+    try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as exc:
         raise ValueError(
             f"model.path {path!r} could not be loaded ({exc}); use a local HF directory, a reachable hub id, "
             f"or a tiny preset such as tiny:qwen3-arith"
         ) from exc
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
     return model, tokenizer
 
 

@@ -44,6 +44,12 @@ def uses_gpu(cfg: RunConfig, role: str) -> bool:
     return not (role == "reference" and cfg.ref_model.device == "cpu")
 
 
+def sft_in_workers(cfg: RunConfig) -> bool:
+    """Whether SFT runs on a trainer worker (trainer.procs ranks, on GPUs when offered) rather than in the flow's
+    own process (one CPU process: the tiny recipes)."""
+    return cfg.trainer.procs > 1 or uses_gpu(cfg, "trainer")
+
+
 def plan_jobs(cfg: RunConfig, with_reference: bool) -> list[JobPlan]:
     """One JobPlan per worker; a multi-rank GPU role larger than a node spans ceil(procs / gpus_per_node) nodes."""
     from infra.launcher.pool import plan_roles
@@ -101,40 +107,48 @@ def titan_layout(cfg) -> str:
             f"{t.activation_checkpointing})")
 
 
-def render_plan(cfg: RunConfig, jobs: list[JobPlan], config_path: str) -> str:
-    """A human-readable plan: the resolved recipe and one line per worker job."""
-    lines = [f"plan for {config_path}: {cfg.steps} GRPO steps ({cfg.loss['name']}), {cfg.prompts_per_step} prompts x "
-             f"{cfg.group_size} samples, model {cfg.model.path} ({cfg.model.dtype}), dataset {cfg.dataset.kind}"
-             + (f" {cfg.dataset.path}" if cfg.dataset.path else ""),
+def render_plan(cfg: RunConfig, jobs: list[JobPlan], config_path: str, sft: bool = False) -> str:
+    """A human-readable plan: the resolved recipe (GRPO, or with `sft` its SFT phase) and one line per worker job."""
+    dataset = f"dataset {cfg.dataset.kind}" + (f" {cfg.dataset.path}" if cfg.dataset.path else "")
+    if sft:
+        title = (f"plan for {config_path}: SFT {cfg.sft.steps} steps of {cfg.model.path} ({cfg.model.dtype}), batch "
+                 f"{cfg.sft.batch_size}, lr {cfg.sft.lr}, {dataset}")
+        backends = f"  trainer backend {cfg.trainer.backend}{titan_layout(cfg)}"
+    else:
+        title = (f"plan for {config_path}: {cfg.steps} GRPO steps ({cfg.loss['name']}), {cfg.prompts_per_step} "
+                 f"prompts x {cfg.group_size} samples, model {cfg.model.path} ({cfg.model.dtype}), {dataset}")
+        backends = (f"  generator backend {cfg.generator.backend}, trainer backend {cfg.trainer.backend}"
+                    f"{titan_layout(cfg)}, weight sync {cfg.weightsync.backend} every {cfg.weightsync.sync_every} "
+                    "step(s)")
+    lines = [title,
              f"  launcher {cfg.launcher}" + (f": partition {cfg.slurm.partition or '(default)'}, "
                                              f"{cfg.slurm.nodes} node(s) x {cfg.slurm.gpus_per_node} GPU, "
                                              f"time {cfg.slurm.time}" if cfg.launcher == "slurm" else
                                              f" ({cfg.workers.gpus} GPUs offered)" if cfg.workers.gpus else ""),
-             f"  generator backend {cfg.generator.backend}, trainer backend {cfg.trainer.backend}{titan_layout(cfg)}, "
-             "weight sync "
-             f"{cfg.weightsync.backend} every {cfg.weightsync.sync_every} step(s)",
+             backends,
              f"  {'job':<14}{'role':<11}{'ranks':>6}{'nodes':>7}{'GPUs/node':>11}{'GPUs':>6}"]
     for j in jobs:
         lines.append(f"  {j.name:<14}{j.role:<11}{j.procs:>6}{j.nodes:>7}{j.gpus_per_node:>11}{j.gpus:>6}")
     for j in jobs:
         if j.devices:
             lines.append(f"  {j.name} sees CUDA devices {','.join(map(str, j.devices))}")
-    lines.append(f"  total GPUs {sum(j.gpus for j in jobs)}; SFT warm-up steps {cfg.sft.steps}")
+    lines.append(f"  total GPUs {sum(j.gpus for j in jobs)}" + ("" if sft else f"; SFT warm-up steps {cfg.sft.steps}"))
     return "\n".join(lines)
 
 
-def sbatch_script(cfg: RunConfig, config_path: str, overrides: list[str]) -> str:
-    """The equivalent batch script: the controller runs in a small CPU job and submits the worker jobs itself."""
+def sbatch_script(cfg: RunConfig, config_path: str, overrides: list[str], command: str = "grpo") -> str:
+    """The equivalent batch script: the controller (`forgeflow grpo|sft`) runs in a small CPU job and submits the
+    worker jobs itself."""
     s = cfg.slurm
     head = ["#!/bin/bash", "#SBATCH --job-name=forgeflow-controller", "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
             "#SBATCH --cpus-per-task=4", f"#SBATCH --time={s.time}"]
     head += [f"#SBATCH --{key}={getattr(s, key)}" for key in ("partition", "account", "qos") if getattr(s, key)]
     args = " ".join(shlex.quote(a) for a in ["--config", config_path, *overrides])
     return "\n".join(head + [
-        "# The controller needs no GPU: it submits one SLURM job per worker (see `forgeflow grpo --dry-run`).",
+        f"# The controller needs no GPU: it submits one SLURM job per worker (see `forgeflow {command} --dry-run`).",
         "# FORGEFLOW_HOME and weightsync.root must be on a filesystem every node can read.",
         "set -euo pipefail",
         'cd "${SLURM_SUBMIT_DIR}"',
         'export FORGEFLOW_HOME="${FORGEFLOW_HOME:-$PWD/.forgeflow}"',
-        f".venv/bin/forgeflow grpo {args}",
+        f".venv/bin/forgeflow {command} {args}",
         ""])

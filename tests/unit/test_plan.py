@@ -69,8 +69,8 @@ def test_sbatch_script_runs_the_controller_with_the_same_recipe():
 
 @pytest.mark.parametrize("module,config,expect", [
     ("flows.grpo", "configs/grpo_qwen3_1_7b.yaml", "reference-0 sees CUDA devices 2"),
-    ("flows.sft", "configs/sft_llama3_8b.yaml", "SFT 1000 steps of meta-llama/Llama-3.1-8B-Instruct"),
-    ("flows.sft", "configs/sft_qwen3_8b.yaml", "SFT 1000 steps of Qwen/Qwen3-8B"),
+    ("flows.sft", "configs/sft_llama3_8b.yaml", "trainer-0     trainer         8      1          8     8"),
+    ("flows.sft", "configs/sft_qwen3_8b.yaml", "trainer backend titan (FSDP 8 x TP 1, activation checkpointing selec"),
 ])
 def test_reference_recipes_dry_run_on_cpu(module, config, expect, tmp_path):
     sbatch = tmp_path / "run.sbatch"
@@ -78,7 +78,7 @@ def test_reference_recipes_dry_run_on_cpu(module, config, expect, tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert expect in out.stdout and "dry run: nothing started" in out.stdout
-    assert f"--config {config}" in sbatch.read_text()
+    assert f"forgeflow {module.split('.')[1]} --config {config}" in sbatch.read_text()
 
 
 def test_cli_scale_out_flags_reach_the_plan():
