@@ -273,8 +273,11 @@ class TrainerWorker(Worker):
             return Trainer(model, loss, settings, self.tokenizer.pad_token_id)
         from forge_core.training.pipeline import PipelineTrainer
 
+        head = model.decoder.lm_head  # on the last stage: applied by the loss to the response positions only
+        if head is not None:
+            model.decoder._skip_lm_head = True
         return PipelineTrainer(model, model.decoder, loss, settings, self.tokenizer.pad_token_id, self.pp_group,
-                               self.stage, self.pp, next(model.parameters()).device)
+                               self.stage, self.pp, next(model.parameters()).device, head=head)
 
     def _fan_out(self, method: str, *args) -> None:
         """On rank 0 of a multi-rank trainer: send the call to the other ranks before running it here."""

@@ -30,12 +30,13 @@ class StepTotals:
 
 class PipelineTrainer(Trainer):
     """`model` holds this rank's stage (its parameters are the ones optimised here); `stage_module` is the part of
-    it the schedule runs: the first stage takes token ids [b, L], the last returns logits [b, L, V]."""
+    it the schedule runs: the first stage takes token ids [b, L], the last returns logits [b, L, V] — or, given the
+    LM `head`, hidden states [b, L, D] that the loss sends through the head at the response positions only."""
 
     def __init__(self, model, stage_module, loss, settings, pad_id: int, group, stage_index: int, num_stages: int,
-                 device: torch.device) -> None:
+                 device: torch.device, head: torch.nn.Module | None = None) -> None:
         super().__init__(model, loss, settings, pad_id)
-        self.stage_module, self.group, self.device = stage_module, group, device
+        self.stage_module, self.group, self.device, self.head = stage_module, group, device, head
         self.stage_index, self.num_stages = stage_index, num_stages
         self.first, self.last = stage_index == 0, stage_index == num_stages - 1
         self._meta = None
@@ -95,10 +96,12 @@ class PipelineTrainer(Trainer):
                         "num_tokens": float(num_tokens), **totals.weighted}
         return totals.loss
 
-    def _loss(self, logits, index, data, totals: StepTotals, num_tokens, num_seqs) -> torch.Tensor:
-        """The policy loss of one micro-batch (rows `index` of the padded batch) from the last stage's logits."""
+    def _loss(self, output, index, data, totals: StepTotals, num_tokens, num_seqs) -> torch.Tensor:
+        """The policy loss of one micro-batch (rows `index` of the padded batch) from the last stage's output."""
         positions, mask = data["positions"][index], data["mask"][index]
-        picked = logits.gather(1, (positions - 1).clamp(min=0)[..., None].expand(-1, -1, logits.shape[-1]))
+        picked = output.gather(1, (positions - 1).clamp(min=0)[..., None].expand(-1, -1, output.shape[-1]))
+        if self.head is not None:  # hidden states: logits at the response positions only
+            picked = self.head(picked)
         lp = gather_logprobs(picked, data["tokens"][index].gather(1, positions), self.settings.temperature)
         ent = token_entropy(picked if self.settings.entropy_coef else picked.detach(), self.settings.temperature)
         rows = lambda key: data[key][index] if key in data else None  # noqa: E731
