@@ -1,0 +1,124 @@
+"""Cross-field checks of a RunConfig: choices, positive counts, the trainer layout, paths and components.
+
+Every error names the file, the dotted key, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+from infra.config import CHOICES, POSITIVE, RunConfig, flatten
+
+
+def validate(cfg: RunConfig, where: str) -> RunConfig:
+    """Cross-field checks: choices, positive counts, known loss and advantage names."""
+    flat = flatten(dataclasses.asdict(cfg))
+    for key, options in CHOICES.items():
+        if str(flat[key]) not in options:
+            raise ValueError(f"{where}: {key} = {flat[key]!r} is not one of {list(options)}")
+    for key in POSITIVE:
+        if flat[key] < 1:
+            raise ValueError(f"{where}: {key} must be >= 1, got {flat[key]}")
+    if cfg.steps < 0 or cfg.sft.steps < 0:
+        raise ValueError(f"{where}: steps and sft.steps must be >= 0 (0 skips the phase)")
+    if cfg.sft.schedule_steps and cfg.sft.schedule_steps < cfg.sft.steps:
+        raise ValueError(f"{where}: sft.schedule_steps ({cfg.sft.schedule_steps}) must be 0 or >= sft.steps "
+                         f"({cfg.sft.steps})")
+    if cfg.trainer.lr <= 0:
+        raise ValueError(f"{where}: trainer.lr must be > 0, got {cfg.trainer.lr}")
+    if cfg.generator.temperature <= 0:
+        raise ValueError(f"{where}: generator.temperature must be > 0 for RL sampling, got {cfg.generator.temperature}")
+    if "name" not in cfg.loss:
+        raise ValueError(f"{where}: loss.name is missing (e.g. loss: {{name: grpo}})")
+    if "name" not in cfg.advantage:
+        raise ValueError(f"{where}: advantage.name is missing (e.g. advantage: {{name: grpo}})")
+    if cfg.dataset.kind in ("gsm8k", "math", "hub") and not cfg.dataset.path:
+        raise ValueError(f"{where}: dataset.kind {cfg.dataset.kind!r} needs dataset.path")
+    if cfg.group_size < 2:
+        raise ValueError(f"{where}: group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
+    if cfg.reward.timeout_s < 0:
+        raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
+    check_trainer_layout(cfg, where)
+    check_sft_batch(cfg, where)
+    if cfg.generator.backend == "vllm" and cfg.weightsync.backend != "fs":
+        raise ValueError(f"{where}: generator.backend vllm reads weights from files, so weightsync.backend "
+                         f"{cfg.weightsync.backend!r} cannot feed it: set weightsync.backend: fs (weightsync.root on "
+                         "a filesystem the generator nodes share)")
+    if cfg.weightsync.sync_every > cfg.max_policy_age + 1:
+        raise ValueError(f"{where}: weightsync.sync_every = {cfg.weightsync.sync_every} lets rollouts lag up to "
+                         f"{cfg.weightsync.sync_every - 1} versions behind; set max_policy_age >= "
+                         f"{cfg.weightsync.sync_every - 1} to accept that (the loss corrects with behaviour logprobs)")
+    check_paths(cfg, where)
+    check_components(cfg, where)
+    return cfg
+
+
+def check_trainer_layout(cfg: RunConfig, where: str) -> None:
+    """trainer.backend titan: torchtitan installed, procs = DP shard × TP × PP (TP and PP not together); the
+    parallel degrees need titan."""
+    t = cfg.trainer
+    if t.backend != "titan":
+        if (t.tensor_parallel_degree, t.pipeline_parallel_degree, t.activation_checkpointing) != (1, 1, "none"):
+            raise ValueError(f"{where}: trainer.tensor_parallel_degree / pipeline_parallel_degree / "
+                             "activation_checkpointing need trainer.backend: titan (the hf backend is FSDP2 only)")
+        return
+    if importlib.util.find_spec("torchtitan") is None:
+        raise ValueError(f"{where}: trainer.backend: titan needs torchtitan: pip install -e '.[titan]' "
+                         "(or use trainer.backend: hf)")
+    tp, pp, dp = t.tensor_parallel_degree, t.pipeline_parallel_degree, t.data_parallel_shard_degree
+    if tp > 1 and pp > 1:
+        raise ValueError(f"{where}: trainer.tensor_parallel_degree ({tp}) with pipeline_parallel_degree ({pp}) is not "
+                         "supported yet; use one of them (with data_parallel_shard_degree for the rest)")
+    if tp < 1 or pp < 1 or t.procs % (tp * pp) or (dp != -1 and dp * tp * pp != t.procs):
+        raise ValueError(f"{where}: trainer.procs ({t.procs}) must equal data_parallel_shard_degree ({dp}) × "
+                         f"tensor_parallel_degree ({tp}) × pipeline_parallel_degree ({pp}); set "
+                         "data_parallel_shard_degree: -1 to use the rest")
+
+
+def data_parallel_degree(cfg: RunConfig) -> int:
+    """How many slices a trainer batch is split into (the other trainer ranks repeat a slice: TP, PP)."""
+    t = cfg.trainer
+    return t.procs if t.backend != "titan" else t.procs // (t.tensor_parallel_degree * t.pipeline_parallel_degree)
+
+
+def check_sft_batch(cfg: RunConfig, where: str) -> None:
+    """Every data-parallel slice of the trainer needs at least one SFT example per step."""
+    dp = data_parallel_degree(cfg)
+    if cfg.sft.steps > 0 and cfg.sft.batch_size < dp:
+        raise ValueError(f"{where}: sft.batch_size ({cfg.sft.batch_size}) is smaller than the trainer's "
+                         f"{dp} data-parallel slices (trainer.procs); set sft.batch_size >= {dp}")
+
+
+def looks_local(path: str) -> bool:
+    """A filesystem path rather than a hub id ('org/name') or a tiny preset."""
+    return path.startswith(("/", "./", "../", "~")) or Path(path).suffix in (".jsonl", ".json", ".parquet")
+
+
+def check_paths(cfg: RunConfig, where: str) -> None:
+    """Missing local files are named before any worker starts."""
+    checks = [("model.path", cfg.model.path), ("sft.init", cfg.sft.init)]
+    if cfg.dataset.kind in ("gsm8k", "math"):
+        checks.append(("dataset.path", cfg.dataset.path))
+    for key, value in checks:
+        if value and looks_local(value) and not Path(value).expanduser().exists():
+            raise ValueError(f"{where}: {key} = {value!r} does not exist; fix the path (relative paths are "
+                             f"resolved from {Path.cwd()})")
+
+
+def check_components(cfg: RunConfig, where: str) -> None:
+    """Build the loss, rewards and trainer settings once here, so a bad hyperparameter fails before any worker."""
+    from forge_core.advantages import ADVANTAGES
+    from forge_core.rewards import CombinedReward
+    from infra import components as C
+
+    try:
+        C.build_loss(cfg)
+        CombinedReward.from_config(cfg.rewards)
+        if cfg.steps > 0:  # an SFT-only config never builds the GRPO trainer
+            C.trainer_settings(cfg).validate()
+        if cfg.advantage["name"] not in ADVANTAGES:
+            raise ValueError(f"unknown advantage.name {cfg.advantage['name']!r}; choose one of {sorted(ADVANTAGES)}")
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
