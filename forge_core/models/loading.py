@@ -45,6 +45,9 @@ def load_tokenizer(path: str):
     from forge_core.models.tokenizer import build_char_tokenizer
 
     if path.startswith(TINY_PREFIX):
+        if path[len(TINY_PREFIX):] not in TINY_PRESETS:
+            raise ValueError(f"unknown tiny preset {path[len(TINY_PREFIX):]!r}; choose one of {sorted(TINY_PRESETS)} "
+                             "(model.path: tiny:NAME)")
         return build_char_tokenizer()
     local = Path(path)
     if local.exists() and not (local / "config.json").exists():

@@ -1,7 +1,12 @@
 import pytest
 import torch
 
-from forge_core.models import build_char_tokenizer, load_model_and_tokenizer, save_model_and_tokenizer
+from forge_core.models import (
+    build_char_tokenizer,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    save_model_and_tokenizer,
+)
 
 
 def test_char_tokenizer_round_trip_and_specials():
@@ -61,6 +66,8 @@ def test_tiny_presets_are_seeded():
 def test_load_errors_name_the_path(tmp_path):
     with pytest.raises(ValueError, match="unknown tiny preset 'nope'"):
         load_model_and_tokenizer("tiny:nope")
+    with pytest.raises(ValueError, match="unknown tiny preset .nope."):
+        load_tokenizer("tiny:nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="without config.json"):
         load_model_and_tokenizer(str(tmp_path / "empty"))
