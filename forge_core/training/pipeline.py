@@ -8,24 +8,13 @@ summed loss and gradients equal the unsplit model's. Gradient clipping uses the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from forge_core.training.batching import collate
 from forge_core.training.logprobs import gather_logprobs, token_entropy
-from forge_core.training.trainer import Trainer
-
-
-@dataclass
-class StepTotals:
-    """What the last stage adds up over the micro-batches of one step."""
-
-    loss: float = 0.0
-    entropy: float = 0.0
-    finite: bool = True
-    weighted: dict[str, float] = field(default_factory=dict)
+from forge_core.training.trainer import StepTotals, Trainer
 
 
 class PipelineTrainer(Trainer):
@@ -63,7 +52,7 @@ class PipelineTrainer(Trainer):
         data = {k: v.to(self.device) for k, v in data.items()}
         totals = StepTotals()
 
-        def micro_batch_loss(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        def schedule_loss(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
             return self._loss(logits, index, data, totals, num_tokens, num_seqs)
 
         # shapes given up front: torch would otherwise infer them with a forward and backward on empty tensors,
@@ -76,7 +65,7 @@ class PipelineTrainer(Trainer):
         example_out = torch.empty((b, length, out_dim), dtype=out_dtype, device=self.device, requires_grad=True)
         stage = PipelineStage(self.stage_module, self.stage_index, self.num_stages, self.device, group=self.group,
                               input_args=example_in, output_args=example_out)
-        schedule = ScheduleGPipe(stage, n_microbatches=n_micro, loss_fn=micro_batch_loss, scale_grads=False)
+        schedule = ScheduleGPipe(stage, n_microbatches=n_micro, loss_fn=schedule_loss, scale_grads=False)
         self.optimizer.zero_grad(set_to_none=True)
         index = torch.arange(rows + extra, device=self.device)  # the loss looks each micro-batch's rows up by index
         args = (data["tokens"],) if self.first else ()
@@ -105,18 +94,8 @@ class PipelineTrainer(Trainer):
         lp = gather_logprobs(picked, data["tokens"][index].gather(1, positions), self.settings.temperature)
         ent = token_entropy(picked if self.settings.entropy_coef else picked.detach(), self.settings.temperature)
         rows = lambda key: data[key][index] if key in data else None  # noqa: E731
-        loss = self.loss_fn(lp, rows("ref_logprobs"), rows("advantages"), mask, old_logprobs=rows("old_logprobs"),
-                            num_tokens=num_tokens, num_seqs=num_seqs)
-        ent_tokens = torch.where(mask, ent, torch.zeros_like(ent)).sum()
-        if self.settings.entropy_coef:
-            loss = loss - self.settings.entropy_coef * ent_tokens / num_tokens
-        totals.finite = totals.finite and bool(torch.isfinite(loss))
-        totals.loss += loss.item()
-        totals.entropy += ent_tokens.item()
-        share = mask.sum().item() / num_tokens
-        for k, v in getattr(self.loss_fn, "metrics", {}).items():
-            totals.weighted[k] = totals.weighted.get(k, 0.0) + share * v
-        return loss
+        return self.micro_batch_loss(lp, ent, mask, rows("ref_logprobs"), rows("advantages"), rows("old_logprobs"),
+                                     num_tokens, num_seqs, totals)
 
     def _boundary_meta(self) -> tuple[tuple[torch.dtype, int], tuple[torch.dtype, int]]:
         """((dtype, last dim) of this stage's input, same of its output), found once by running each stage in

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -48,6 +48,16 @@ class TrainerSettings:
             raise ValueError(f"trainer.micro_batch_size must be >= 1; got {self.micro_batch_size}")
         if self.temperature <= 0:
             raise ValueError(f"trainer.temperature must be > 0 (the generator's sampling temperature); got {self.temperature}")
+
+
+@dataclass
+class StepTotals:
+    """What a step adds up over its micro-batches."""
+
+    loss: float = 0.0
+    entropy: float = 0.0
+    finite: bool = True
+    weighted: dict[str, float] = field(default_factory=dict)
 
 
 def lr_factor(step: int, s: TrainerSettings) -> float:
@@ -94,27 +104,18 @@ class Trainer:
         num_seqs = num_seqs or (mask.sum(-1) > 0).sum().clamp(min=1).item()
         mb = self.settings.micro_batch_size
         self.optimizer.zero_grad(set_to_none=True)
-        total, weighted, ent_sum = 0.0, {}, 0.0
+        totals = StepTotals()
         for start in range(0, len(inputs), mb):
             sl = slice(start, start + mb)
-            part_mask = mask[sl]
-            lp, ent = self.logprobs(inputs[sl], part_mask, with_entropy=True)
-            loss = self.loss_fn(lp, pick(targets, "ref_logprobs", sl), pick(targets, "advantages", sl), part_mask,
-                                old_logprobs=pick(targets, "old_logprobs", sl), num_tokens=num_tokens,
-                                num_seqs=num_seqs)
-            ent_tokens = torch.where(part_mask, ent, torch.zeros_like(ent)).sum()
-            if self.settings.entropy_coef:
-                loss = loss - self.settings.entropy_coef * ent_tokens / num_tokens
-            if not torch.isfinite(loss):
+            lp, ent = self.logprobs(inputs[sl], mask[sl], with_entropy=True)
+            loss = self.micro_batch_loss(lp, ent, mask[sl], pick(targets, "ref_logprobs", sl),
+                                         pick(targets, "advantages", sl), pick(targets, "old_logprobs", sl),
+                                         num_tokens, num_seqs, totals)
+            if not totals.finite:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise RuntimeError(f"non-finite loss ({loss.item()}) at step {self.step} (micro-batch at row {start}); "
                                    "weights left unchanged — lower trainer.lr or check the rewards/advantages")
             loss.backward()
-            total += loss.item()
-            ent_sum += ent_tokens.item()
-            share = part_mask.sum().item() / num_tokens
-            for k, v in getattr(self.loss_fn, "metrics", {}).items():
-                weighted[k] = weighted.get(k, 0.0) + share * v
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.settings.max_norm if self.settings.max_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -128,9 +129,26 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.metrics = {"loss": total, "grad_norm": grad_norm, "lr": lr, "entropy": ent_sum / num_tokens,
-                        "num_tokens": float(num_tokens), **weighted}
-        return total
+        self.metrics = {"loss": totals.loss, "grad_norm": grad_norm, "lr": lr, "entropy": totals.entropy / num_tokens,
+                        "num_tokens": float(num_tokens), **totals.weighted}
+        return totals.loss
+
+    def micro_batch_loss(self, logprobs, entropy, mask, ref_logprobs, advantages, old_logprobs, num_tokens: float,
+                         num_seqs: float, totals: StepTotals) -> torch.Tensor:
+        """The loss of one micro-batch from its logprobs/entropy [b, T] (global normalisers, entropy bonus); adds its
+        loss, entropy and the loss's diagnostics (weighted by its share of the tokens) to `totals`."""
+        loss = self.loss_fn(logprobs, ref_logprobs, advantages, mask, old_logprobs=old_logprobs,
+                            num_tokens=num_tokens, num_seqs=num_seqs)
+        ent_tokens = torch.where(mask, entropy, torch.zeros_like(entropy)).sum()
+        if self.settings.entropy_coef:
+            loss = loss - self.settings.entropy_coef * ent_tokens / num_tokens
+        totals.finite = totals.finite and bool(torch.isfinite(loss))
+        totals.loss += loss.item()
+        totals.entropy += ent_tokens.item()
+        share = mask.sum().item() / num_tokens
+        for k, v in getattr(self.loss_fn, "metrics", {}).items():
+            totals.weighted[k] = totals.weighted.get(k, 0.0) + share * v
+        return loss
 
     def state_dict(self) -> dict:
         """Model, optimizer, scheduler, step and RNG states: enough to resume exactly."""
