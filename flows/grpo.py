@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -81,14 +82,16 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
         if evaluating:
             metrics.update(phases.evaluate(run_id, step + 1))
             calls += 1
+        metrics["timing/step"] = time.perf_counter() - t0
+        # recorded before its checkpoint: a crash after COMPLETE resumes after this step, so it must be on record
+        # already; a crash before COMPLETE resumes earlier and the rollback drops it
+        records.step(step + 1, metrics)
         if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
             inflight = quote(pending.result()) if pending is not None else None  # step+1's batch, sampled ahead
             saved = phases.checkpoint(run_id, step + 1, inflight)
             if saved:
                 records.checkpoint(step + 1, saved)
             calls += 1
-        metrics["timing/step"] = time.perf_counter() - t0
-        records.step(step + 1, metrics)
         show(line_for_step(step, cfg.steps, metrics))
         step += 1
     return calls
@@ -163,8 +166,8 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             ctx = RunContext(run_id, cfg, pool, splits, out, records=records)
             register_run(ctx)
             try:
-                start = restore_latest(ctx)
-                records.resume_at(start)
+                start, ckpt = restore_latest(ctx)
+                records.resume_at(start, ckpt)
                 before = phases.evaluate(run_id, start)
                 logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
                             before["eval/accuracy"], max(pool.startup_s.values()), threads)
@@ -230,17 +233,17 @@ def run_id_for_flow_run() -> str:
     return run_id
 
 
-def restore_latest(ctx: RunContext) -> int:
+def restore_latest(ctx: RunContext) -> tuple[int, Path | None]:
     """Load the run's latest complete checkpoint into the trainer (and its weights into the generators);
-    returns the step to continue from (0 for a fresh run)."""
+    returns (the step to continue from, that checkpoint), (0, None) for a fresh run."""
     ckpt = ctx.latest_checkpoint()
     if ckpt is None:
-        return 0
+        return 0, None
     step = ctx.pool.call("trainer", "load_checkpoint", str(ckpt))
     ctx.pool.call("trainer", "publish_weights", step)
     ctx.pool.call_all("generator", "load_weights", step)
     log.info("resumed from %s at step %d", ckpt, step)
-    return step
+    return step, ckpt
 
 
 if __name__ == "__main__":

@@ -160,10 +160,19 @@ class RunRecords:
             repo.supersede_after(s, self.run_id, step)
         self.pending = [(k, m) for k, m in self.pending if k <= step]
 
-    def resume_at(self, step: int) -> None:
-        """The run continues from the checkpoint at `step`: drop later steps, and send MLflow any steps up to `step`
-        it never received (a crash between writing a checkpoint and flushing)."""
+    def resume_at(self, step: int, checkpoint: Path | None = None) -> None:
+        """The run continues from `checkpoint` at `step`: drop later steps, register the checkpoint if the registry
+        never heard of it, and send MLflow any steps up to `step` it never received (a crash between writing a
+        checkpoint and recording it)."""
         self.rollback(step)
+        if checkpoint is not None:
+            with session_scope(self.registry_url) as s:
+                known = repo.find_checkpoint(s, str(checkpoint))
+                known = known is not None and known.run_id == self.run_id
+            if not known:
+                log.warning("checkpoint %s was written but never registered (a crash right after it): "
+                            "registering it now", checkpoint)
+                self.checkpoint(step, str(checkpoint))
         if not self.mlflow_run_id:
             return
         sent = max((m.step for m in self.tracker.client.get_metric_history(self.mlflow_run_id, "timing/step")),

@@ -146,6 +146,49 @@ def test_corrupted_latest_checkpoint_is_skipped_and_resume_is_identical(referenc
     assert_records_complete(first["run_id"], reference_sha)
 
 
+class InjectedCrash(Exception):
+    """Stands for the controller dying at one exact point of a step's checkpoint."""
+
+
+@pytest.mark.parametrize("point", ["before-complete", "after-complete"])
+def test_a_crash_around_a_checkpoint_loses_no_step_on_resume(point, monkeypatch, reference_sha):
+    """A crash while step 4's checkpoint is being written (resume from step 2 redoes 3-4) or right after its COMPLETE
+    marker, before the registry heard of it (resume from step 4 must still have step 4 on record)."""
+    from infra.records import RunRecords
+    from tasks import phases
+
+    if point == "before-complete":
+        real = phases.file_sha256
+
+        def crash_in_checkpoint(path):
+            if "step-000004" in str(path):
+                raise InjectedCrash(point)
+            return real(path)
+        monkeypatch.setattr(phases, "file_sha256", crash_in_checkpoint)
+    else:
+        real = RunRecords.checkpoint
+
+        def crash_after_complete(self, step, path, kind="trainer"):
+            if step == 4:
+                assert (Path(path) / "COMPLETE").exists()
+                raise InjectedCrash(point)
+            return real(self, step, path, kind)
+        monkeypatch.setattr(RunRecords, "checkpoint", crash_after_complete)
+    existing = existing_runs()
+    with pytest.raises(InjectedCrash):
+        grpo_flow(overrides=RUN, run_name=f"crash-{point}")
+    monkeypatch.undo()
+    (run,) = [p.name for p in runs_root().iterdir() if p.name not in existing]
+    assert steps_recorded(run) == [1, 2, 3, 4]
+    second = grpo_flow(resume=run)
+    assert second["start_step"] == (2 if point == "before-complete" else 4)
+    info = assert_records_complete(run, reference_sha)
+    with session_scope() as s:
+        steps = sorted(c.step for c in repo.get_run(s, run).checkpoints if c.kind == "trainer")
+    assert steps == [2, 4, 6], "every checkpoint on disk is in the registry, once"
+    assert info["status"] == "completed"
+
+
 @pytest.mark.slurm
 def test_scancelled_generator_job_mid_run_is_recovered(slurm_cluster, reference_sha):
     existing = existing_runs()
