@@ -65,12 +65,7 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
         train_metrics = phases.train_step(run_id, step, quote(groups))
         calls += 1 + (pending is not None)
         if "resume_from" in train_metrics:  # a recovery rolled the trainer back to its last checkpoint
-            if pending is not None:
-                pending.wait()
-            log.warning("trainer restored to step %d; continuing from there", train_metrics["resume_from"])
-            step = train_metrics["resume_from"]
-            records.rollback(step)
-            pending = first_rollout(ctx, step) if pipelined else None
+            step, pending = roll_back_to(ctx, records, train_metrics["resume_from"], pending)
             continue
         metrics.update(train_metrics)
         if pending is not None:
@@ -89,12 +84,25 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
         if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
             inflight = quote(pending.result()) if pending is not None else None  # step+1's batch, sampled ahead
             saved = phases.checkpoint(run_id, step + 1, inflight)
-            if saved:
-                records.checkpoint(step + 1, saved)
             calls += 1
+            if saved is None:  # the trainer was lost while saving and came back from an older checkpoint: go
+                # back now (the next rollout would ask the generators for a version the trainer no longer has)
+                step, pending = roll_back_to(ctx, records, ctx.pool.call("trainer", "health")["step"], pending)
+                continue
+            records.checkpoint(step + 1, saved)
         show(line_for_step(step, cfg.steps, metrics))
         step += 1
     return calls
+
+
+def roll_back_to(ctx: RunContext, records: RunRecords, step: int, pending) -> tuple:
+    """A recovery restored the trainer to its checkpoint at `step`: supersede the later steps in the records and
+    continue from there; returns (step, the pipelined rollout of `step` or None)."""
+    if pending is not None:
+        pending.wait()  # the generator's connection serves one call at a time
+    log.warning("trainer restored to step %d; continuing from there", step)
+    records.rollback(step)
+    return step, first_rollout(ctx, step) if ctx.cfg.max_policy_age >= 1 else None
 
 
 class ReadyRollout:

@@ -20,11 +20,19 @@ def list_runs(limit: int = 30, url: str | None = None) -> list[dict]:
     with session_scope(url) as s:
         rows = []
         for r in repo.list_runs(s, limit):
-            steps = repo.completed_steps(s, r.id)
             rows.append({"run_id": r.id, "name": r.name, "recipe": r.recipe, "status": r.status,
-                         "steps": len(steps), "loss": (r.config.get("loss") or {}).get("name"),
+                         "steps": steps_done(s, r)[0], "loss": (r.config.get("loss") or {}).get("name"),
                          "sweep_id": r.sweep_id, "created_at": r.created_at.isoformat()})
         return rows
+
+
+def steps_done(s, run) -> tuple[int, int | None]:
+    """(steps completed, steps configured) of a run: GRPO iterations, or for an SFT run (which records no
+    iterations) the step of its SFT checkpoint and sft.steps."""
+    if run.recipe == "sft":
+        done = max((c.step for c in run.checkpoints if c.kind == "sft"), default=0)
+        return done, (run.config.get("sft") or {}).get("steps")
+    return len(repo.completed_steps(s, run.id)), run.config.get("steps")
 
 
 def show_run(run_id: str, url: str | None = None) -> dict:
@@ -34,13 +42,14 @@ def show_run(run_id: str, url: str | None = None) -> dict:
         its = [i for i in r.iterations if i.status == "completed"]
         cks = r.checkpoints
         final = next((c for c in reversed(cks) if c.kind == "final"), cks[-1] if cks else None)
+        done, total = steps_done(s, r)
         return {
             "run_id": r.id, "name": r.name, "recipe": r.recipe, "status": r.status, "message": r.status_message,
             "config_hash": r.config_hash, "code_version": r.code_version, "dataset": r.dataset_fingerprint,
             "prefect_flow_run_id": r.prefect_flow_run_id, "mlflow_run_id": r.mlflow_run_id, "sweep_id": r.sweep_id,
             "parent_run_id": r.parent_run_id, "created_at": r.created_at.isoformat(),
             "ended_at": r.ended_at.isoformat() if r.ended_at else None,
-            "steps_completed": len(its), "steps_total": r.config.get("steps"),
+            "steps_completed": done, "steps_total": total,
             "superseded_attempts": sum(1 for i in r.iterations if i.status == "superseded"),
             "last_metrics": its[-1].metrics if its else {},
             "final_checkpoint": {"path": final.uri, "sha256": final.sha256, "state_sha256": final.state_sha256,

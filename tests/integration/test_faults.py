@@ -30,7 +30,7 @@ from tests.integration.fault_helpers import (
     wait_for_new_run,
     wait_until,
 )
-from workers.protocol import pid_alive
+from workers.protocol import pid_alive, read_rendezvous
 
 pytestmark = pytest.mark.integration
 
@@ -88,6 +88,32 @@ def test_killed_worker_with_broadcast_sync_ends_identical_to_the_fs_run(role):
                            uninterrupted_sha("on-policy"))
 
 
+@pytest.mark.parametrize("mode", ["on-policy", "pipelined"])
+def test_trainer_killed_while_saving_a_checkpoint_rolls_back_at_once(mode, monkeypatch):
+    """The trainer dies as step 4's checkpoint starts: the recovery restores step 2, the checkpoint task reports
+    nothing saved, and the flow goes back to step 2 right away. With broadcast sync the next rollout would otherwise
+    wait for weight version 4, which the restored trainer never publishes (a hang until the call timeout)."""
+    from tasks import phases
+
+    real, killed = phases.checkpoint, []
+
+    def kill_trainer_then_checkpoint(run_id, step, inflight=None):
+        if step == 4 and not killed:
+            launch = sorted((run_dir(run_id) / "workers").glob("trainer-0.*.rendezvous.json"))[-1]
+            pid = read_rendezvous(launch).pid
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: not pid_alive(pid), "the trainer exiting")
+            killed.append(pid)
+        return real(run_id, step, inflight)
+    monkeypatch.setattr(phases, "checkpoint", kill_trainer_then_checkpoint)
+    overrides = {**(PIPELINED if mode == "pipelined" else RUN), "weightsync.backend": "broadcast",
+                 "workers.call_timeout_s": 120}  # a regression fails in minutes instead of hanging
+    summary = grpo_flow(overrides=overrides, run_name=f"kill-trainer-in-checkpoint-{mode}")
+    assert killed and [(r["role"], r["trainer_step"]) for r in summary["recoveries"]] == [("trainer", 2)]
+    info = assert_records_complete(summary["run_id"], uninterrupted_sha(mode))
+    assert info["superseded_attempts"] == 2  # steps 3 and 4, recorded before the lost checkpoint, were redone
+
+
 def run_with_killed_worker(role: str, overrides: dict, run_name: str, reference_sha: str) -> None:
     killed: list[int] = []
     watcher = kill_worker_when(role, 2, killed)
@@ -98,8 +124,8 @@ def run_with_killed_worker(role: str, overrides: dict, run_name: str, reference_
     info = assert_records_complete(summary["run_id"], reference_sha)
     rows = [w for w in info["workers"] if w["name"] == f"{role}-0"]
     assert sorted(w["restarts"] for w in rows) == [0, 1]  # the lost worker and its replacement
-    if role == "trainer":  # restored from the latest checkpoint (every 2 steps), later steps redone
-        assert summary["recoveries"][0]["trainer_step"] in (2, 4)
+    if role == "trainer":  # restored from the latest checkpoint (every 2 steps; 0 if killed saving step 2), redone
+        assert summary["recoveries"][0]["trainer_step"] in (0, 2, 4)
 
 
 @pytest.mark.parametrize("sig,mode", [(signal.SIGINT, "on-policy"), (signal.SIGKILL, "on-policy"),

@@ -52,6 +52,10 @@ def test_sft_then_grpo_run_is_tracked_registered_and_linked():
     assert all(w["state"] == "stopped" for w in info["workers"])
     chain = cli_json("lineage", summary["run_id"])
     assert chain[-1]["recipe"] == "sft" and chain[-1]["kind"] == "sft"  # GRPO checkpoint ← … ← SFT checkpoint
+    sft = cli_json("runs", "show", chain[-1]["run"])
+    assert sft["status"] == "completed" and (sft["steps_completed"], sft["steps_total"]) == (5, 5)
+    listed = {r["run_id"]: r for r in cli_json("runs", "ls")}
+    assert listed[chain[-1]["run"]]["steps"] == 5 and listed[summary["run_id"]]["steps"] == 4
     assert chain[0]["run"] == summary["run_id"]
 
 
