@@ -71,7 +71,7 @@ def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> in
         if pending is not None:
             pending.wait()  # the generator's connection serves one call at a time
         evaluating = bool(cfg.eval.every and (step + 1) % cfg.eval.every == 0)
-        if (step + 1) % cfg.weightsync.sync_every == 0 or evaluating or step + 1 == cfg.steps:
+        if C.syncs_at(cfg, step + 1):  # the trainer published step+1 (every sync_every, eval, checkpoint, last)
             metrics.update(phases.sync_weights(run_id, step + 1))
             calls += 1
         if evaluating:

@@ -100,3 +100,20 @@ def needs_reference(cfg: RunConfig) -> bool:
     if cfg.ref_model.enabled == "auto":
         return float(cfg.loss.get("beta", 0.0) or 0.0) > 0
     return cfg.ref_model.enabled == "true"
+
+
+def syncs_at(cfg: RunConfig, version: int) -> bool:
+    """Whether the trainer publishes `version` (1-based: after step version-1) and the generators load it: every
+    weightsync.sync_every versions, and at each eval step (evaluation uses the generators), each checkpoint step (so a
+    resume restores what the generators held) and the last step."""
+    if version < 1:
+        return False
+    every = (cfg.weightsync.sync_every, cfg.eval.every, cfg.checkpoint.every)
+    return version == cfg.steps or any(n and version % n == 0 for n in every)
+
+
+def last_sync_at(cfg: RunConfig, version: int) -> int:
+    """The newest version the generators hold once the trainer reached `version` (0: the initial weights)."""
+    while version > 0 and not syncs_at(cfg, version):
+        version -= 1
+    return max(version, 0)

@@ -102,7 +102,7 @@ class WeightSyncConfig:
     backend: str = "fs"  # fs | torchstore | broadcast
     root: str | None = None  # null = /dev/shm/forgeflow-<run_id> (one node); a shared path for several nodes
     keep: int = 2
-    sync_every: int = 1  # publish to the generators every N steps (> 1 needs max_policy_age >= N - 1)
+    sync_every: int = 1  # publish to the generators every N steps (> 1 needs max_policy_age >= N)
 
 
 @dataclass

@@ -46,10 +46,12 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
         raise ValueError(f"{where}: generator.backend vllm reads weights from files, so weightsync.backend "
                          f"{cfg.weightsync.backend!r} cannot feed it: set weightsync.backend: fs (weightsync.root on "
                          "a filesystem the generator nodes share)")
-    if cfg.weightsync.sync_every > cfg.max_policy_age + 1:
-        raise ValueError(f"{where}: weightsync.sync_every = {cfg.weightsync.sync_every} lets rollouts lag up to "
-                         f"{cfg.weightsync.sync_every - 1} versions behind; set max_policy_age >= "
-                         f"{cfg.weightsync.sync_every - 1} to accept that (the loss corrects with behaviour logprobs)")
+    every = cfg.weightsync.sync_every
+    if every > 1 and cfg.max_policy_age < every:
+        # N - 1 versions between syncs, plus one more: a step's rollout is sampled while the previous step trains
+        raise ValueError(f"{where}: weightsync.sync_every = {every} lets rollouts lag up to {every} versions behind "
+                         f"(sampled ahead while the previous step trains); set max_policy_age >= {every} to accept "
+                         "that (the loss corrects with behaviour logprobs)")
     check_paths(cfg, where)
     check_components(cfg, where)
     return cfg

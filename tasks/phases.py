@@ -13,6 +13,7 @@ from prefect.cache_policies import NONE
 from forge_core.recipes.grpo import sample_prompt_indices
 from forge_core.recipes.steps import rollout_metrics, step_seed
 from forge_core.training.trainer import save_atomically
+from infra import components as C
 from infra.records import file_sha256
 from tasks.context import get_run
 from tasks.recovery import retry_on_worker_lost
@@ -42,13 +43,11 @@ def rollout(run_id: str, step: int) -> tuple[list, dict]:
     return groups, metrics
 
 
-def behaviour_version(cfg, step: int) -> int | None:
-    """The policy version step `step`'s rollout samples with in the uninterrupted schedule: `step` on-policy,
-    step - 1 pipelined (sampled while step - 1 trains). Pinning it makes a recovered run sample exactly as an
-    uninterrupted one. None (no pin) when syncs are spaced out (weightsync.sync_every > 1)."""
-    if cfg.weightsync.sync_every > 1:
-        return None
-    return max(step - 1, 0) if cfg.max_policy_age >= 1 else step
+def behaviour_version(cfg, step: int) -> int:
+    """The policy version step `step`'s rollout samples with in the uninterrupted schedule: the newest version synced
+    by `step` on-policy, by step - 1 pipelined (sampled while step - 1 trains). Pinning it makes a recovered run
+    sample exactly as an uninterrupted one."""
+    return C.last_sync_at(cfg, max(step - 1, 0) if cfg.max_policy_age >= 1 else step)
 
 
 @task(name="score_rewards", task_run_name="score_rewards-{step}", timeout_seconds=600, **PHASE)

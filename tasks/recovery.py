@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
+from infra.components import last_sync_at
 from tasks.context import RunContext, run_owning_job
 from workers.protocol import WorkerLost
 
@@ -41,9 +42,10 @@ def recover_role(ctx: RunContext, role: str, reason: str = "") -> int:
     else:
         step = pool.call("trainer", "health")["step"]
         if role == "generator":
+            version = last_sync_at(ctx.cfg, step)  # what the lost generators held; still in an fs store
             if ctx.cfg.weightsync.backend == "broadcast":  # the new group holds no version yet
-                pool.call("trainer", "publish_weights", step)
-            pool.call_all("generator", "load_weights", step)
+                version = pool.call("trainer", "publish_weights", step)  # not `version` itself unless they are equal
+            pool.call_all("generator", "load_weights", version)
     ctx.recoveries.append({"role": role, "reason": reason, "trainer_step": step,
                            "seconds": time.perf_counter() - t0})
     if ctx.records is not None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from forge_core.data.problems import Problem
 from forge_core.recipes.steps import rollout_metrics, step_seed
 from forge_core.types import Group
+from infra.components import syncs_at
 
 
 def remote_rollout(pool, problems: Sequence[Problem], prompts: Sequence[str], group_size: int,
@@ -74,7 +75,8 @@ def run_remote_iteration(pool, problems: Sequence[Problem], prompts: Sequence[st
     t3 = time.perf_counter()
     metrics.update(remote_train(pool, groups, step))
     t4 = time.perf_counter()
-    remote_sync(pool, step + 1)
+    if syncs_at(pool.cfg, step + 1):  # the trainer published step+1
+        remote_sync(pool, step + 1)
     t5 = time.perf_counter()
     metrics.update({"timing/rollout": t1 - t0, "timing/reward": t2 - t1, "timing/reference": t3 - t2,
                     "timing/train": t4 - t3, "timing/sync": t5 - t4, "timing/step": t5 - t0})

@@ -52,7 +52,8 @@ class TrainerWorker(Worker):
     # ---- calls (rank 0 receives them and fans them out) ----
 
     def train_step(self, groups: list[Group], step: int | None = None) -> dict[str, float]:
-        """Advantages + one optimizer step on `groups`; publishes version step+1. Returns loss/* metrics."""
+        """Advantages + one optimizer step on `groups`; publishes version step+1 when the generators sync to it
+        (`syncs_at`). Returns loss/* metrics."""
         self._fan_out("train_step", groups, step)
         self.calls += 1
         adv = dict(self.cfg.advantage)
@@ -167,9 +168,14 @@ class TrainerWorker(Worker):
         return version
 
     def _publish_after_step(self, version: int, metrics: dict[str, float]) -> None:
-        """Publish the step's weights. A broadcast to a group that lost a generator fails here, yet the step is done
-        and consistent: keep it, say so in the metrics; the next call to that generator raises WorkerLost, and the
-        recovery re-forms the group and republishes this version."""
+        """Publish the step's weights when the generators will load them (`syncs_at`: weightsync.sync_every spaces
+        out the gathers, writes and broadcasts, not only the loads). A broadcast to a group that lost a generator
+        fails here, yet the step is done and consistent: keep it, say so in the metrics; the next call to that
+        generator raises WorkerLost, and the recovery re-forms the group and republishes this version."""
+        metrics["policy_version"] = float(version)
+        metrics["weights/published"] = float(C.syncs_at(self.cfg, version))
+        if not metrics["weights/published"]:  # every rank decides alike: the gather below is collective
+            return
         try:
             self._publish(version)
         except RuntimeError as exc:
@@ -178,7 +184,6 @@ class TrainerWorker(Worker):
             log.error("step %d trained, but publishing version %d failed: %s", self.step, version, exc)
             metrics["weights/publish_failed"] = 1.0
             self.policy_version = version
-        metrics["policy_version"] = float(version)
 
     def save_checkpoint(self, path: str) -> str | None:
         """Trainer state (model, optimizer, scheduler, RNG, step) to path/trainer.pt — with several ranks, model and

@@ -114,6 +114,27 @@ def test_trainer_killed_while_saving_a_checkpoint_rolls_back_at_once(mode, monke
     assert info["superseded_attempts"] == 2  # steps 3 and 4, recorded before the lost checkpoint, were redone
 
 
+# generators sync every 3 versions (and at each checkpoint, every 3): versions 1, 2, 4, 5 are never published
+SPACED = {**RUN, "weightsync.sync_every": 3, "max_policy_age": 3, "checkpoint.every": 3, "eval.every": 0}
+
+
+@pytest.mark.parametrize("role,after_step", [("generator", 4), ("trainer", 2)])
+def test_killed_worker_with_spaced_syncs_ends_bitwise_identical(role, after_step):
+    """weightsync.sync_every 3: the trainer publishes (gathers, writes) only the versions the generators load, every
+    rollout is pinned to the version the uninterrupted schedule samples with, and a lost worker changes nothing."""
+    reference = grpo_flow(overrides=SPACED, run_name="uninterrupted-spaced")
+    rows = [json.loads(x) for x in (run_dir(reference["run_id"]) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weights/published"] for r in rows] == [0, 0, 1, 0, 0, 1]
+    # step s samples with the last sync <= s - 1 (sampled while s - 1 trains): versions 0, 0, 0, 0, 3, 3
+    assert [r["rollout/policy_staleness"] for r in rows] == [0, 1, 2, 3, 1, 2]
+    killed: list[int] = []
+    watcher = kill_worker_when(role, after_step, killed)
+    summary = grpo_flow(overrides=SPACED, run_name=f"kill-{role}-spaced")
+    watcher.join(timeout=1)
+    assert killed and [r["role"] for r in summary["recoveries"]] == [role]
+    assert_records_complete(summary["run_id"], show_run(reference["run_id"])["final_checkpoint"]["state_sha256"])
+
+
 def run_with_killed_worker(role: str, overrides: dict, run_name: str, reference_sha: str) -> None:
     killed: list[int] = []
     watcher = kill_worker_when(role, 2, killed)

@@ -51,8 +51,9 @@ def test_impossible_layouts_name_the_fix():
     check_capacity(cfg, jobs)  # the reference on CPU frees a GPU
     with pytest.raises(ValueError, match="10 ranks do not split evenly over 3 nodes of 4 GPUs"):
         jobs_for("configs/grpo_qwen3_1_7b_gsm8k.yaml", **{"slurm.gpus_per_node": 4, "trainer.procs": 10})
-    with pytest.raises(ValueError, match="set max_policy_age >= 3"):
-        load_config("configs/grpo_math_tiny.yaml", {"weightsync.sync_every": 4})
+    with pytest.raises(ValueError, match="lag up to 4 versions behind .* set max_policy_age >= 4"):
+        load_config("configs/grpo_math_tiny.yaml", {"weightsync.sync_every": 4, "max_policy_age": 3})
+    assert load_config("configs/grpo_math_tiny.yaml", {"weightsync.sync_every": 4, "max_policy_age": 4})
     with pytest.raises(ValueError, match="weightsync.backend 'broadcast' cannot feed it: set weightsync.backend: fs"):
         load_config("configs/grpo_qwen3_1_7b_gsm8k.yaml", {"weightsync.backend": "broadcast"})
     with pytest.raises(ValueError, match=r"weightsync.backend = 'nccl' is not one of \['fs', 'torchstore', 'broadc"):
