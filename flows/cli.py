@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 
+from infra.orphan_guard import start_orphan_guard
+
 
 def add_data_commands(sub) -> None:
     data = sub.add_parser("data", help="make or inspect datasets").add_subparsers(dest="data_cmd", required=True)
@@ -288,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_report(args)
         if args.command in ("grpo", "sft", "eval", "sweep", "resume"):
             signal.signal(signal.SIGINT, note_interrupt)
+            if not getattr(args, "dry_run", False) and not getattr(args, "in_process", False):
+                start_orphan_guard()  # stops the embedded Prefect server if this process is killed
             if args.command == "resume" and extra:
                 parser.error(f"resume takes no overrides (the run keeps its recorded config): {' '.join(extra)}")
             return run_command(args, extra)

@@ -96,7 +96,7 @@ def output_of(proc: subprocess.Popen) -> str:
 
 
 def stop_group(proc: subprocess.Popen) -> None:
-    """Kill what is left of the CLI's process group (a SIGKILLed CLI orphans its embedded Prefect server)."""
+    """Kill what is left of the CLI's process group (a safety net: its orphan guard stops the Prefect server)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

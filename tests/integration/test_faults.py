@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.grpo import grpo_flow
 from flows.reports import show_run
+from infra.orphan_guard import leftover_servers
 from infra.paths import run_dir
 from infra.registry import repo, session_scope
 from infra.tracking import default_tracking_uri
@@ -159,12 +160,15 @@ def test_interrupted_flow_process_resumes_bitwise_identical(sig, mode):
     live = show_run(run.name)  # while live, the registry lists the workers an operator could kill
     pids = [w["pid"] for w in live["workers"] if w["state"] == "running"]
     assert {w["role"] for w in live["workers"]} == {"generator", "trainer", "reward"} and pids
+    assert leftover_servers(proc.pid), "the CLI's embedded Prefect server carries no owner mark"
     if sig == signal.SIGINT:  # Ctrl-C in a terminal reaches the whole foreground process group
         os.killpg(proc.pid, signal.SIGINT)
     else:
         os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=300)
     output = output_of(proc)
+    # Prefect stops its server on Ctrl-C; after a SIGKILL the orphan guard does
+    wait_until(lambda: not leftover_servers(proc.pid), "the embedded Prefect server of the stopped CLI exiting")
     stop_group(proc)
     wait_until(lambda: not any(pid_alive(p) for p in pids), "every worker of the interrupted run exiting")
     if sig == signal.SIGINT:
