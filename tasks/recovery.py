@@ -43,8 +43,10 @@ def recover_role(ctx: RunContext, role: str, reason: str = "") -> int:
         step = pool.call("trainer", "health")["step"]
         if role == "generator":
             version = last_sync_at(ctx.cfg, step)  # what the lost generators held; still in an fs store
-            if ctx.cfg.weightsync.backend == "broadcast":  # the new group holds no version yet
-                version = pool.call("trainer", "publish_weights", step)  # not `version` itself unless they are equal
+            if ctx.cfg.weightsync.backend == "broadcast":
+                # the new group holds no version, and the trainer only has its current weights (`step`): with spaced
+                # syncs or pipelining the generators now sample newer weights than the uninterrupted run did
+                version = pool.call("trainer", "publish_weights", step)
             pool.call_all("generator", "load_weights", version)
     ctx.recoveries.append({"role": role, "reason": reason, "trainer_step": step,
                            "seconds": time.perf_counter() - t0})
