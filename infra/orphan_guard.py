@@ -24,6 +24,9 @@ OWNER_ENV = "FORGEFLOW_OWNER_PID"
 SERVER_MARK = "prefect.server.api.server"  # in the command line of the server Prefect starts
 
 
+_guard: subprocess.Popen | None = None  # referenced for the command's lifetime (an unreferenced Popen warns)
+
+
 def start_orphan_guard() -> subprocess.Popen | None:
     """From a command that may start Prefect's embedded server: mark its environment and start the guard.
     None when no embedded server will run (PREFECT_API_URL names one) or /proc is missing."""
@@ -34,9 +37,11 @@ def start_orphan_guard() -> subprocess.Popen | None:
     os.environ[OWNER_ENV] = str(os.getpid())
     log_path = forgeflow_home() / "logs" / "orphan-guard.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    global _guard
     with log_path.open("a") as log_file:  # not the command's stdout/stderr: a reader would wait for the guard too
-        return subprocess.Popen([sys.executable, "-m", "infra.orphan_guard", str(os.getpid())],
-                                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+        _guard = subprocess.Popen([sys.executable, "-m", "infra.orphan_guard", str(os.getpid())],
+                                  stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+    return _guard
 
 
 def start_time(pid: int) -> str | None:

@@ -19,14 +19,20 @@ TINY_PRESETS: dict[str, dict] = {
 # untied embedding and head, as the 4B+ Qwen3 models: what tensor and pipeline parallelism need
 TINY_PRESETS["qwen3-arith-untied"] = dict(TINY_PRESETS["qwen3-arith"], tie_word_embeddings=False)
 TINY_PREFIX = "tiny:"
+SOURCES_HINT = "use a local HF directory, a reachable hub id, or a tiny preset such as tiny:qwen3-arith"
+
+
+def check_tiny_preset(preset: str) -> None:
+    """ValueError naming the known presets when `preset` is not one of them."""
+    if preset not in TINY_PRESETS:
+        raise ValueError(f"unknown tiny preset {preset!r}; choose one of {sorted(TINY_PRESETS)} (model.path: tiny:NAME)")
 
 
 def build_tiny_model(preset: str, tokenizer, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A randomly initialised Qwen3ForCausalLM of a named preset, sized to `tokenizer`."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    if preset not in TINY_PRESETS:
-        raise ValueError(f"unknown tiny preset {preset!r}; choose one of {sorted(TINY_PRESETS)} (model.path: tiny:NAME)")
+    check_tiny_preset(preset)
     config = Qwen3Config(
         vocab_size=len(tokenizer), rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
@@ -45,9 +51,7 @@ def load_tokenizer(path: str):
     from forge_core.models.tokenizer import build_char_tokenizer
 
     if path.startswith(TINY_PREFIX):
-        if path[len(TINY_PREFIX):] not in TINY_PRESETS:
-            raise ValueError(f"unknown tiny preset {path[len(TINY_PREFIX):]!r}; choose one of {sorted(TINY_PRESETS)} "
-                             "(model.path: tiny:NAME)")
+        check_tiny_preset(path[len(TINY_PREFIX):])
         return build_char_tokenizer()
     local = Path(path)
     if local.exists() and not (local / "config.json").exists():
@@ -55,8 +59,7 @@ def load_tokenizer(path: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as exc:
-        raise ValueError(f"model.path {path!r}: no tokenizer could be loaded ({exc}); use a local HF directory, a "
-                         "reachable hub id, or a tiny preset such as tiny:qwen3-arith") from exc
+        raise ValueError(f"model.path {path!r}: no tokenizer could be loaded ({exc}); {SOURCES_HINT}") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -73,10 +76,7 @@ def load_model_and_tokenizer(path: str, seed: int = 0, dtype: torch.dtype = torc
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as exc:
-        raise ValueError(
-            f"model.path {path!r} could not be loaded ({exc}); use a local HF directory, a reachable hub id, "
-            f"or a tiny preset such as tiny:qwen3-arith"
-        ) from exc
+        raise ValueError(f"model.path {path!r} could not be loaded ({exc}); {SOURCES_HINT}") from exc
     return model, tokenizer
 
 

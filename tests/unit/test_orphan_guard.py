@@ -35,6 +35,8 @@ def test_servers_of_a_killed_owner_are_stopped_and_others_kept():
 
 def test_start_time_tells_a_zombie_from_a_live_process():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 60  # liveness guard: a zombie never seen as gone fails instead of hanging
     while start_time(child.pid) is not None:  # exited, not yet reaped: a zombie counts as gone
+        assert time.monotonic() < deadline, "an exited, unreaped child still has a start time"
         time.sleep(0.05)
     assert child.wait() == 0 and start_time(os.getpid()) is not None
