@@ -13,15 +13,16 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from flows.cli import quiet_libraries  # noqa: E402
-from flows.inprocess import grpo_phase, sft_phase  # noqa: E402
+from cli.inprocess import grpo_phase  # noqa: E402
+from cli.main import quiet_libraries  # noqa: E402
 from forge_core.generation import TorchGenerator  # noqa: E402
 from forge_core.models import load_model_and_tokenizer  # noqa: E402
 from forge_core.recipes.steps import evaluate  # noqa: E402
 from infra import components as C  # noqa: E402
-from infra.config import load_config  # noqa: E402
+from infra.config_checks import load_config  # noqa: E402
 from infra.paths import new_run_id, run_dir  # noqa: E402
 from infra.plots import plot_curves  # noqa: E402
+from infra.sft import sft_phase  # noqa: E402
 
 LOSSES = ("grpo", "dapo", "gspo", "cispo", "sapo")
 # each family with its published clip settings and the recipe's KL coefficient (SAPO has no KL term)

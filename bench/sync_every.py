@@ -16,7 +16,7 @@ import statistics
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from flows.cli import quiet_libraries  # noqa: E402
+from cli.main import quiet_libraries  # noqa: E402
 from flows.grpo import grpo_flow  # noqa: E402
 from infra.paths import run_dir  # noqa: E402
 

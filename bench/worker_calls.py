@@ -15,8 +15,8 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from infra.config import load_config  # noqa: E402
-from infra.launcher import WorkerPool  # noqa: E402
+from infra.config_checks import load_config  # noqa: E402
+from workers.pool import WorkerPool  # noqa: E402
 
 
 def _echo(conn) -> None:

@@ -8,27 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefect import flow, task
-from prefect.cache_policies import NONE
+from prefect import flow
 
-from infra.config import load_config
-
-
-@task(name="evaluate_checkpoint", cache_policy=NONE, persist_result=False, timeout_seconds=3600)
-def evaluate_checkpoint(checkpoint: str, config: str, overrides: dict | None) -> dict:
-    from forge_core.generation import TorchGenerator
-    from forge_core.models import load_model_and_tokenizer
-    from forge_core.recipes.steps import evaluate
-    from infra import components as C
-
-    cfg = load_config(config, overrides)
-    C.configure_threads(cfg)
-    model, tok = load_model_and_tokenizer(checkpoint, seed=cfg.seed)
-    splits = C.build_splits(cfg, tok)
-    gen = TorchGenerator(model.eval(), tok, C.sampling_params(cfg))
-    metrics = evaluate(gen, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens, samples=cfg.eval.samples,
-                       temperature=cfg.generator.temperature, seed=cfg.seed)
-    return {"checkpoint": checkpoint, "num_prompts": len(splits.eval), **metrics}
+from tasks.evaluate import evaluate_checkpoint
 
 
 @flow(name="evaluate", persist_result=False)

@@ -21,17 +21,18 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
-from flows.deploy import MAX_FLOW_RUN_ATTEMPTS
-from flows.inprocess import line_for_step
 from forge_core.models import load_tokenizer
 from infra import components as C
-from infra.config import dump_config, load_config
-from infra.launcher import WorkerPool
+from infra.config import dump_config
+from infra.config_checks import load_config
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
+from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS
+from infra.progress import line_for_step
 from infra.records import RunRecords, dataset_fingerprint, file_sha256
 from tasks import phases
 from tasks.context import RunContext, register_run, unregister_run
+from workers.pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,8 @@ def restore_latest(ctx: RunContext) -> tuple[int, Path | None]:
     return step, ckpt
 
 
-if __name__ == "__main__":
-    from flows.cli import main
+if __name__ == "__main__":  # `python -m flows.grpo …` is `forgeflow grpo …`: hand over to the command line,
+    import runpy  # which sits above the flows (run as a program, not imported: no arrow up the floors)
 
-    sys.exit(main(["grpo", *sys.argv[1:]]))
+    sys.argv = ["forgeflow", "grpo", *sys.argv[1:]]
+    runpy.run_module("cli", run_name="__main__")

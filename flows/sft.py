@@ -10,36 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-from prefect import flow, task
-from prefect.cache_policies import NONE
+from prefect import flow
 
-from infra.config import dump_config, load_config
+from infra.config import dump_config
+from infra.config_checks import load_config
 from infra.paths import new_run_id, run_dir
-
-
-@task(name="sft_train", cache_policy=NONE, persist_result=False, timeout_seconds=6 * 3600)
-def sft_train(config: str, overrides: dict | None, out_dir: str) -> str:
-    """cfg.sft.steps of SFT from cfg.model.path; returns the saved HF checkpoint directory."""
-    from pathlib import Path
-
-    from flows.inprocess import run_sft_steps, sft_phase
-    from forge_core.models import load_model_and_tokenizer, load_tokenizer
-    from infra import components as C
-    from infra.launcher import WorkerPool
-    from infra.launcher.plan import sft_in_workers
-    from workers.remote import RemoteSFTTrainer
-
-    cfg = load_config(config, overrides)
-    C.configure_threads(cfg)
-    show = sys.stderr.isatty()
-    if not sft_in_workers(cfg):
-        model, tok = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed, dtype=C.DTYPES[cfg.model.dtype])
-        return str(sft_phase(cfg, model, tok, C.build_splits(cfg, tok), Path(out_dir), show))
-    # the model lives on the trainer worker's ranks (FSDP / torchtitan layout, GPUs); here only the tokenizer
-    tok = load_tokenizer(cfg.model.path)
-    with WorkerPool(cfg, Path(out_dir), roles=("trainer",)) as pool:
-        run_sft_steps(cfg, RemoteSFTTrainer(pool), tok, C.build_splits(cfg, tok), show)
-        return pool.call("trainer", "save_pretrained", str(Path(out_dir) / "sft"))
+from tasks.sft import sft_train
 
 
 @flow(name="sft", persist_result=False)
@@ -77,7 +53,8 @@ def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None 
     return path
 
 
-if __name__ == "__main__":
-    from flows.cli import main
+if __name__ == "__main__":  # `python -m flows.sft …` is `forgeflow sft …`: hand over to the command line,
+    import runpy  # which sits above the flows (run as a program, not imported: no arrow up the floors)
 
-    sys.exit(main(["sft", *sys.argv[1:]]))
+    sys.argv = ["forgeflow", "sft", *sys.argv[1:]]
+    runpy.run_module("cli", run_name="__main__")

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prefect import flow
 
-from infra.config import load_config
+from infra.config_checks import load_config
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
 from infra.registry import Sweep, repo, session_scope

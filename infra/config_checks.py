@@ -1,4 +1,5 @@
-"""Cross-field checks of a RunConfig: choices, positive counts, the trainer layout, paths and components.
+"""Loading a config means checking it: `load_config` reads a YAML recipe with overrides and runs the cross-field
+checks (choices, positive counts, the trainer layout, paths and components) once, in the controller.
 
 Every error names the file, the dotted key, the bad value and the fix.
 """
@@ -8,8 +9,16 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from pathlib import Path
+from typing import Any
 
-from infra.config import CHOICES, POSITIVE, RunConfig, flatten
+from infra.config import CHOICES, POSITIVE, RunConfig, flatten, read_config
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list[str] | None = None) -> RunConfig:
+    """The checked RunConfig of a YAML file (or the defaults) plus overrides (dict of dotted keys or CLI args)."""
+    cfg = read_config(path, overrides)
+    where = ("defaults" if path is None else str(path)) + (" + overrides" if overrides else "")
+    return validate(cfg, where)
 
 
 def validate(cfg: RunConfig, where: str) -> RunConfig:

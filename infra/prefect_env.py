@@ -9,6 +9,9 @@ import os
 
 from infra.paths import forgeflow_home
 
+# a flow run rescheduled after crashes (the Automation `forgeflow deploy` creates) stops at this attempt
+MAX_FLOW_RUN_ATTEMPTS = 3
+
 
 def configure_prefect() -> None:
     """Set Prefect's environment defaults (existing values win, so users can point at a server)."""

@@ -41,7 +41,7 @@ class Worker:
 
 def worker_device(cfg: RunConfig, role: str) -> torch.device:
     """cuda:LOCAL_RANK when the plan gives this role GPUs and CUDA is usable here, else cpu."""
-    from infra.launcher.plan import uses_gpu
+    from workers.plan import uses_gpu
 
     if uses_gpu(cfg, role) and torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())

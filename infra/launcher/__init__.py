@@ -1,6 +1,5 @@
-"""Launch and supervise persistent workers (submitit: local processes or SLURM jobs; inline threads)."""
+"""submitit executors that launch worker jobs: local processes, SLURM jobs or inline threads."""
 
 from infra.launcher.executors import make_executor, slurm_minutes
-from infra.launcher.pool import WorkerPool
 
-__all__ = ["WorkerPool", "make_executor", "slurm_minutes"]
+__all__ = ["make_executor", "slurm_minutes"]

@@ -77,7 +77,7 @@ def kill_worker_when(role: str, after_step: int, killed: list, sig=signal.SIGKIL
 
 def start_cli_run(overrides: dict, *args: str) -> subprocess.Popen:
     """`forgeflow grpo` in a child process (its own embedded Prefect API, the tests' FORGEFLOW_HOME)."""
-    cli = [sys.executable, "-m", "flows.cli", "grpo", *args]
+    cli = [sys.executable, "-m", "cli", "grpo", *args]
     for key, value in overrides.items():
         cli += [f"--{key}", json.dumps(value) if not isinstance(value, str) else value]
     home = tempfile.mkdtemp(prefix="prefect-child-")

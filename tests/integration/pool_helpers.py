@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from forge_core.models import load_model_and_tokenizer
 from infra import components as C
-from infra.config import load_config
+from infra.config_checks import load_config
 
 
 def tiny_config(launcher: str = "local", **overrides):

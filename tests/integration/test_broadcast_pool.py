@@ -7,10 +7,10 @@ import signal
 
 import pytest
 
-from infra.launcher import WorkerPool
 from tasks.context import RunContext
 from tasks.recovery import recover_role
 from tests.integration.pool_helpers import tiny_config, tiny_splits
+from workers.pool import WorkerPool
 from workers.protocol import WorkerLost
 from workers.remote import remote_rollout, remote_score, remote_sync, remote_train, run_remote_iteration
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from cli.reports import show_run
 from flows.grpo import grpo_flow
-from flows.reports import show_run
 from infra.orphan_guard import leftover_servers
 from infra.paths import run_dir
 from infra.registry import repo, session_scope
@@ -309,7 +309,7 @@ def test_unreachable_registry_or_mlflow_fails_before_any_worker_starts(key, valu
     (["grpo", "--group_size", "1"], "group_size must be >= 2"),
 ])
 def test_cli_errors_name_the_problem_without_a_traceback(args, message):
-    out = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 2, out.stderr[-3000:]
     assert message in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]

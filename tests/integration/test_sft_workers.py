@@ -3,8 +3,8 @@ the flow's own process gives."""
 
 import pytest
 
-from flows.sft import sft_train
 from forge_core.models import load_model_and_tokenizer
+from tasks.sft import sft_train
 
 pytestmark = pytest.mark.integration
 

@@ -7,9 +7,9 @@ import torch
 from forge_core.generation import TorchGenerator
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
 from forge_core.recipes import steps
-from infra.launcher import WorkerPool
 from infra.weightsync import FSWeightStore
 from tests.integration.pool_helpers import tiny_config, tiny_splits
+from workers.pool import WorkerPool
 
 pytestmark = pytest.mark.integration
 

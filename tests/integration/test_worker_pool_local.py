@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.launcher import WorkerPool
 from tests.integration.pool_helpers import tiny_config, tiny_splits
+from workers.pool import WorkerPool
 from workers.protocol import WorkerLost, pid_alive
 from workers.remote import remote_rollout, run_remote_iteration
 
@@ -85,7 +85,7 @@ def test_failed_start_shows_the_worker_stderr(tmp_path):
 
 CONTROLLER = textwrap.dedent("""
     import sys, time
-    from infra.launcher import WorkerPool
+    from workers.pool import WorkerPool
     from tests.integration.pool_helpers import tiny_config
     pool = WorkerPool(tiny_config("local"), sys.argv[1])
     pool.start()

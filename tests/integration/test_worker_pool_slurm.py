@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from infra.launcher import WorkerPool
 from tests.integration.pool_helpers import tiny_config, tiny_splits
+from workers.pool import WorkerPool
 from workers.protocol import WorkerLost
 from workers.remote import run_remote_iteration
 

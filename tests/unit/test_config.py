@@ -1,6 +1,7 @@
 import pytest
 
-from infra.config import flatten, load_config, parse_overrides
+from infra.config import flatten, parse_overrides
+from infra.config_checks import load_config
 
 
 def write(tmp_path, text):

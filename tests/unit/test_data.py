@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from flows.cli import main
+from cli.main import main
 from forge_core.data import (
     ArithSpec,
     ChatTemplate,

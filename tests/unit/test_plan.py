@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from infra import components as C
-from infra.config import load_config
-from infra.launcher.plan import check_capacity, plan_jobs, render_plan, sbatch_script
+from infra.config_checks import load_config
+from workers.plan import check_capacity, plan_jobs, render_plan, sbatch_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,7 +83,7 @@ def test_reference_recipes_dry_run_on_cpu(module, config, expect, tmp_path):
 
 
 def test_cli_scale_out_flags_reach_the_plan():
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "grpo", "--config", "configs/grpo_qwen3_1_7b_gsm8k.yaml",
+    out = subprocess.run([sys.executable, "-m", "cli", "grpo", "--config", "configs/grpo_qwen3_1_7b_gsm8k.yaml",
                           "--dry-run", "--slurm.nodes", "2", "--slurm.gpus_per_node", "8", "--trainer.procs", "16"],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2  # 16 + generator + reference > 16 GPUs

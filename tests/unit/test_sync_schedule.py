@@ -1,7 +1,7 @@
 """When the generators get new weights (weightsync.sync_every) and which version each rollout samples with."""
 
 from infra import components as C
-from infra.config import load_config
+from infra.config_checks import load_config
 from tasks.phases import behaviour_version
 
 

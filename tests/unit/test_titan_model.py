@@ -6,7 +6,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from forge_core.models import load_model_and_tokenizer
 from forge_core.models.titan import TitanCausalLM, architecture_of, titan_from_hf
-from infra.config import load_config
+from infra.config_checks import load_config
 
 
 def tiny_llama(rope: dict) -> LlamaForCausalLM:
@@ -114,7 +114,7 @@ def test_titan_layout_errors_name_the_key(overrides, message):
 def test_titan_layout_accepts_fsdp_times_tp():
     cfg = load_config("configs/grpo_math_tiny.yaml", {"trainer.backend": "titan", "trainer.procs": 4,
                                                       "trainer.tensor_parallel_degree": 2})
-    from infra.launcher.plan import titan_layout
+    from workers.plan import titan_layout
 
     assert titan_layout(cfg) == " (FSDP 2 x TP 2, activation checkpointing none)"
     cfg = load_config("configs/grpo_math_tiny.yaml", {"trainer.backend": "titan", "trainer.procs": 4,
@@ -123,8 +123,8 @@ def test_titan_layout_accepts_fsdp_times_tp():
 
 
 def test_sft_phase_with_titan_backend_equals_hf_backend(tmp_path):
-    from flows.inprocess import sft_phase
     from infra import components as C
+    from infra.sft import sft_phase
 
     saved = {}
     for backend in ("hf", "titan"):

@@ -11,6 +11,32 @@ from infra.config import RunConfig
 
 
 @dataclass
+class RolePlan:
+    """How many workers of a role (replicas) and ranks per worker (procs)."""
+
+    role: str
+    replicas: int = 1
+    procs: int = 1
+
+
+def plan_roles(cfg: RunConfig, with_reference: bool) -> list[RolePlan]:
+    """The roles a GRPO run needs, scaled by config."""
+    if cfg.generator.procs > 1 and cfg.generator.backend == "torch":
+        raise ValueError(f"generator.procs={cfg.generator.procs}: the torch generator runs one process per replica; "
+                         "scale it with generator.num_replicas (procs > 1 is tensor parallelism, generator.backend: "
+                         "vllm)")
+    if cfg.ref_model.procs > 1:
+        raise ValueError(f"ref_model.procs={cfg.ref_model.procs}: the reference worker runs in one process; set "
+                         "ref_model.procs: 1 (it only does forward passes; ref_model.device: cpu frees accelerators)")
+    plans = [RolePlan("trainer", 1, cfg.trainer.procs),
+             RolePlan("generator", cfg.generator.num_replicas, cfg.generator.procs),
+             RolePlan("reward", cfg.reward.num_replicas, 1)]
+    if with_reference:
+        plans.append(RolePlan("reference", 1, cfg.ref_model.procs))
+    return plans
+
+
+@dataclass
 class JobPlan:
     """One worker job: `procs` ranks spread over `nodes` nodes, `gpus_per_node` accelerators on each."""
 
@@ -52,8 +78,6 @@ def sft_in_workers(cfg: RunConfig) -> bool:
 
 def plan_jobs(cfg: RunConfig, with_reference: bool) -> list[JobPlan]:
     """One JobPlan per worker; a multi-rank GPU role larger than a node spans ceil(procs / gpus_per_node) nodes."""
-    from infra.launcher.pool import plan_roles
-
     jobs, next_device = [], 0
     for role in plan_roles(cfg, with_reference):
         # a vLLM generator is one process that starts its own tensor-parallel workers on its job's GPUs

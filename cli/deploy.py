@@ -14,11 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS
+
 log = logging.getLogger(__name__)
 
 WORK_POOL = "forgeflow-local"
 AUTOMATION = "forgeflow-reschedule-crashed-runs"
-MAX_FLOW_RUN_ATTEMPTS = 3
 
 
 def require_server() -> str:

@@ -1,6 +1,6 @@
 """The main job in one process (no Prefect): SFT warm-up then GRPO, with progress, records and a RESULT line.
 
-`make run` and `forgeflow grpo|sft` use this until the Prefect flow takes over; it calls the same step functions.
+`forgeflow grpo --in-process` (debugging, benchmarks) runs this; it drives the same iteration spine as the flow.
 """
 
 from __future__ import annotations
@@ -8,16 +8,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from forge_core.generation import TorchGenerator
-from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
 from forge_core.recipes.grpo import GRPOLoop, GRPOSettings
-from forge_core.recipes.sft import make_sft_examples, run_sft
 from forge_core.recipes.steps import evaluate
 from forge_core.rewards import CombinedReward
 from forge_core.training import Trainer
@@ -25,43 +22,10 @@ from infra import components as C
 from infra.config import RunConfig, dump_config
 from infra.paths import new_run_id, run_dir
 from infra.plots import plot_curves
+from infra.progress import line_for_step
+from infra.sft import sft_phase
 
 log = logging.getLogger(__name__)
-
-
-def line_for_step(step: int, total: int, m: dict) -> str:
-    """One human line per GRPO step."""
-    acc = f" acc {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""
-    return (f"step {step + 1:>4}/{total} reward {m.get('reward/mean', 0):.3f}{acc} loss {m.get('loss/loss', 0):+.4f} "
-            f"kl {m.get('loss/kl_mean', 0):.4f} len {m.get('rollout/response_len_mean', 0):.1f} "
-            f"{m.get('timing/step', 0):.2f}s")
-
-
-def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool) -> Path:
-    """Run cfg.sft.steps of SFT here with a progress bar; save the HF checkpoint to out/sft."""
-    trained = model
-    if cfg.trainer.backend == "titan":  # one process: torchtitan's definition of the same weights
-        from forge_core.models.titan import titan_from_hf
-
-        trained = titan_from_hf(model)
-    run_sft_steps(cfg, Trainer(trained, get_loss("sft"), C.sft_settings(cfg), tok.pad_token_id), tok, splits, show)
-    if trained is not model:
-        model.load_state_dict(trained.to_hf_state_dict())  # the HF model goes on to generate and to disk
-    return save_model_and_tokenizer(model, tok, out / "sft")
-
-
-def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool) -> None:
-    """cfg.sft.steps SFT steps of `trainer` (a Trainer, or the trainer worker behind the same interface) on the
-    training split's answers, with a progress bar."""
-    examples = make_sft_examples(splits.train, splits.train_prompts, tok, cfg.sft.response)
-    bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not show, dynamic_ncols=True)
-
-    def on_step(step, metrics):
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}")
-
-    run_sft(trainer, examples, cfg.sft.steps, cfg.sft.batch_size, cfg.seed, tok.pad_token_id, on_step)
-    bar.close()
 
 
 def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:

@@ -18,40 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.config import RunConfig, config_to_dict
-from infra.launcher.executors import make_executor
-from infra.launcher.plan import check_capacity, plan_jobs, uses_gpu
+from infra.launcher import make_executor
 from infra.weightsync import FSWeightStore, default_store_root
 from workers.client import WorkerClient
 from workers.entry import WorkerSpec, run_worker
+from workers.plan import RolePlan, check_capacity, plan_jobs, plan_roles, uses_gpu
 from workers.protocol import SecretKey, WorkerLost, new_authkey, read_rendezvous
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RolePlan:
-    """How many workers of a role (replicas) and ranks per worker (procs)."""
-
-    role: str
-    replicas: int = 1
-    procs: int = 1
-
-
-def plan_roles(cfg: RunConfig, with_reference: bool) -> list[RolePlan]:
-    """The roles a GRPO run needs, scaled by config."""
-    if cfg.generator.procs > 1 and cfg.generator.backend == "torch":
-        raise ValueError(f"generator.procs={cfg.generator.procs}: the torch generator runs one process per replica; "
-                         "scale it with generator.num_replicas (procs > 1 is tensor parallelism, generator.backend: "
-                         "vllm)")
-    if cfg.ref_model.procs > 1:
-        raise ValueError(f"ref_model.procs={cfg.ref_model.procs}: the reference worker runs in one process; set "
-                         "ref_model.procs: 1 (it only does forward passes; ref_model.device: cpu frees accelerators)")
-    plans = [RolePlan("trainer", 1, cfg.trainer.procs),
-             RolePlan("generator", cfg.generator.num_replicas, cfg.generator.procs),
-             RolePlan("reward", cfg.reward.num_replicas, 1)]
-    if with_reference:
-        plans.append(RolePlan("reference", 1, cfg.ref_model.procs))
-    return plans
 
 
 @dataclass

@@ -112,13 +112,13 @@ def run_command(args, extra: list[str]) -> int:
 
     overrides = parse_overrides(extra)
     if args.command in ("grpo", "sft", "eval", "sweep"):
-        from infra.config import load_config
+        from infra.config_checks import load_config
 
         cfg = load_config(args.config, overrides)  # a bad config fails here, before Prefect or any worker starts
         if getattr(args, "dry_run", False):
             return print_plan(args, cfg, extra)
     if args.command == "grpo" and args.in_process:
-        from flows.inprocess import run_main_job
+        from cli.inprocess import run_main_job
 
         summary = run_main_job(cfg, args.run_name, show=not args.no_progress)
     elif args.command in ("grpo", "resume"):
@@ -149,7 +149,7 @@ def run_command(args, extra: list[str]) -> int:
                              max_concurrency=args.max_concurrency)
     print(json.dumps(summary, indent=2, default=str) if args.json else summary_text(summary))
     if "acc_before" in summary:
-        from flows.inprocess import result_line
+        from cli.inprocess import result_line
 
         print(result_line(summary))
     return 0
@@ -160,7 +160,7 @@ def print_plan(args, cfg, extra: list[str]) -> int:
     from pathlib import Path
 
     from infra import components as C
-    from infra.launcher.plan import check_capacity, plan_jobs, render_plan, sbatch_script, sft_in_workers
+    from workers.plan import check_capacity, plan_jobs, render_plan, sbatch_script, sft_in_workers
 
     if args.command == "sft":
         jobs = [j for j in plan_jobs(cfg, False) if j.role == "trainer"] if sft_in_workers(cfg) else []
@@ -182,7 +182,7 @@ def print_plan(args, cfg, extra: list[str]) -> int:
 
 def run_report(args) -> int:
     """The registry reports (`runs ls|show`, `lineage`, `compare`) and `ui`."""
-    from flows import reports as R
+    from cli import reports as R
 
     if args.command == "ui":
         return R.run_ui(args.mlflow_port, args.prefect_port)
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"unrecognised arguments: {' '.join(extra)}")
             return run_make_arith(args)
         if args.command == "deploy":
-            from flows.deploy import deploy
+            from cli.deploy import deploy
 
             print(summary_text(deploy()))
             return 0

@@ -1,0 +1,42 @@
+"""SFT of a RunConfig's model in this process (or through any object with the Trainer's `train_step`), with a
+progress bar; the in-process main job and the `sft_train` task both call it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tqdm import tqdm
+
+from forge_core.losses import get_loss
+from forge_core.models import save_model_and_tokenizer
+from forge_core.recipes.sft import make_sft_examples, run_sft
+from forge_core.training import Trainer
+from infra import components as C
+from infra.config import RunConfig
+
+
+def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool) -> Path:
+    """Run cfg.sft.steps of SFT here with a progress bar; save the HF checkpoint to out/sft."""
+    trained = model
+    if cfg.trainer.backend == "titan":  # one process: torchtitan's definition of the same weights
+        from forge_core.models.titan import titan_from_hf
+
+        trained = titan_from_hf(model)
+    run_sft_steps(cfg, Trainer(trained, get_loss("sft"), C.sft_settings(cfg), tok.pad_token_id), tok, splits, show)
+    if trained is not model:
+        model.load_state_dict(trained.to_hf_state_dict())  # the HF model goes on to generate and to disk
+    return save_model_and_tokenizer(model, tok, out / "sft")
+
+
+def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool) -> None:
+    """cfg.sft.steps SFT steps of `trainer` (a Trainer, or the trainer worker behind the same interface) on the
+    training split's answers, with a progress bar."""
+    examples = make_sft_examples(splits.train, splits.train_prompts, tok, cfg.sft.response)
+    bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not show, dynamic_ncols=True)
+
+    def on_step(step, metrics):
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+
+    run_sft(trainer, examples, cfg.sft.steps, cfg.sft.batch_size, cfg.seed, tok.pad_token_id, on_step)
+    bar.close()
