@@ -1,11 +1,13 @@
-"""The `grpo` flow: SFT warm-up (subflow, when configured), then GRPO iterations as Prefect tasks on persistent
-workers.
+"""The `grpo` flow: SFT warm-up (subflow, when configured), then the GRPO iteration spine
+(forge_core.recipes.iteration) driven with Prefect tasks over persistent workers:
 
-    dataset ─prompts─▶ rollout-v ──groups──▶ score_rewards-v ──▶ score_reference-v ──▶ train_step-v ──▶ sync_weights-v+1
-      (generator replicas, version v)    (reward workers)     (reference, beta>0)    (trainer: publishes v+1)
-                                              every checkpoint.every: checkpoint-N   every eval.every: evaluate-N
+    dataset ─prompts─▶ rollout-s ──groups──▶ score_rewards-s ──▶ score_reference-s ──▶ train_step-s ──▶ sync_weights-v
+      (generator replicas)             (reward workers)     (reference, beta>0)    (trainer: publishes v = s+1)
+                                              every checkpoint.every: checkpoint-v   every eval.every: evaluate-v
 
-With max_policy_age >= 1 the rollout of v+1 runs while v trains (behaviour logprobs correct the ratio).
+With max_policy_age >= 1 the rollout of s+1 runs while s trains (behaviour logprobs correct the ratio). Recovery
+(tasks/recovery.py) restarts a lost worker inside the failed task's retry; a rolled-back trainer ends the step with
+RolledBack and the spine continues from the restored checkpoint.
 Run it: `forgeflow grpo --config configs/grpo_math_tiny.yaml --trainer.lr 3e-5` or `python -m flows.grpo …`.
 """
 
@@ -15,13 +17,14 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from prefect.utilities.annotations import quote
 
 from forge_core.models import load_tokenizer
+from forge_core.protocols import RolledBack
+from forge_core.recipes.iteration import run_grpo_steps
+from infra import checkpoints as ckpt
 from infra import components as C
 from infra.config import dump_config
 from infra.config_checks import load_config
@@ -29,109 +32,30 @@ from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
 from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS
 from infra.progress import line_for_step
-from infra.records import RunRecords, dataset_fingerprint, file_sha256
-from tasks import phases
+from infra.records import RunRecords, dataset_fingerprint
 from tasks.context import RunContext, register_run, unregister_run
+from tasks.recovery import restore_latest
+from tasks.roles import TaskCalls, task_roles
 from workers.pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
 
-def run_iterations(ctx: RunContext, start: int, records: RunRecords, show) -> int:
-    """GRPO steps start..cfg.steps-1 as tasks; returns the number of task calls made.
+class FlowRecorder:
+    """StepRecorder of the flow: the run's records (registry, MLflow, metrics.jsonl) plus a progress line a step."""
 
-    Episode batches go into tasks wrapped in `quote`: Prefect otherwise walks every nested object of a task's
-    arguments looking for futures (~90 ms per call for a 256-episode batch against ~10 ms quoted)."""
-    cfg, run_id = ctx.cfg, ctx.run_id
-    pipelined = cfg.max_policy_age >= 1
-    calls = 0
-    step = start
-    pending = first_rollout(ctx, step) if pipelined and step < cfg.steps else None
-    while step < cfg.steps:
-        t0 = time.perf_counter()
-        if pending is not None:
-            groups, metrics = pending.result()
-            pending = None
-        else:
-            groups, metrics = phases.rollout(run_id, step)
-        groups, reward_metrics = phases.score_rewards(run_id, step, quote(groups))
-        metrics.update(reward_metrics)
-        calls += 2
-        if C.needs_reference(cfg):
-            groups, ref_metrics = phases.score_reference(run_id, step, quote(groups))
-            metrics.update(ref_metrics)
-            calls += 1
-        if pipelined and step + 1 < cfg.steps:  # sample v+1's batch with weights v while v trains
-            pending = phases.rollout.submit(run_id, step + 1)
-        train_metrics = phases.train_step(run_id, step, quote(groups))
-        calls += 1 + (pending is not None)
-        if "resume_from" in train_metrics:  # a recovery rolled the trainer back to its last checkpoint
-            step, pending = roll_back_to(ctx, records, train_metrics["resume_from"], pending)
-            continue
-        metrics.update(train_metrics)
-        if pending is not None:
-            pending.wait()  # the generator's connection serves one call at a time
-        evaluating = bool(cfg.eval.every and (step + 1) % cfg.eval.every == 0)
-        if C.syncs_at(cfg, step + 1):  # the trainer published step+1 (every sync_every, eval, checkpoint, last)
-            metrics.update(phases.sync_weights(run_id, step + 1))
-            calls += 1
-        if evaluating:
-            metrics.update(phases.evaluate(run_id, step + 1))
-            calls += 1
-        metrics["timing/step"] = time.perf_counter() - t0
-        # recorded before its checkpoint: a crash after COMPLETE resumes after this step, so it must be on record
-        # already; a crash before COMPLETE resumes earlier and the rollback drops it
-        records.step(step + 1, metrics)
-        if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-            inflight = quote(pending.result()) if pending is not None else None  # step+1's batch, sampled ahead
-            saved = phases.checkpoint(run_id, step + 1, inflight)
-            calls += 1
-            if saved is None:  # the trainer was lost while saving and came back from an older checkpoint: go
-                # back now (the next rollout would ask the generators for a version the trainer no longer has)
-                step, pending = roll_back_to(ctx, records, ctx.pool.call("trainer", "health")["step"], pending)
-                continue
-            records.checkpoint(step + 1, saved)
-        show(line_for_step(step, cfg.steps, metrics))
-        step += 1
-    return calls
+    def __init__(self, records: RunRecords, steps: int) -> None:
+        self.records, self.steps = records, steps
 
+    def step(self, version: int, metrics: dict[str, float]) -> None:
+        self.records.step(version, metrics)
+        show_line(line_for_step(version - 1, self.steps, metrics))
 
-def roll_back_to(ctx: RunContext, records: RunRecords, step: int, pending) -> tuple:
-    """A recovery restored the trainer to its checkpoint at `step`: supersede the later steps in the records and
-    continue from there; returns (step, the pipelined rollout of `step` or None)."""
-    if pending is not None:
-        pending.wait()  # the generator's connection serves one call at a time
-    log.warning("trainer restored to step %d; continuing from there", step)
-    records.rollback(step)
-    return step, first_rollout(ctx, step) if ctx.cfg.max_policy_age >= 1 else None
+    def checkpoint(self, version: int, path: str) -> None:
+        self.records.checkpoint(version, path)
 
-
-class ReadyRollout:
-    """A rollout already sampled (saved with a checkpoint), used where a rollout future would be."""
-
-    def __init__(self, value: tuple) -> None:
-        self.value = value
-
-    def result(self) -> tuple:
-        return self.value
-
-    def wait(self) -> None:
-        return None
-
-
-def first_rollout(ctx: RunContext, step: int):
-    """The pipelined rollout of `step`: the batch saved with the checkpoint at `step` when there is one (it was
-    sampled with version step-1, as in the uninterrupted run), else a new rollout task."""
-    saved = ctx.checkpoint_dir / f"step-{step:06d}" / phases.INFLIGHT
-    if step > 0 and saved.exists():
-        import torch
-
-        marker = json.loads((saved.parent / "COMPLETE").read_text())
-        if marker.get("inflight_sha256") == file_sha256(saved):
-            log.info("step %d: training on the batch saved with its checkpoint (sampled ahead)", step)
-            return ReadyRollout(torch.load(saved, weights_only=False))
-        log.error("%s does not match its checkpoint's sha256: sampling step %d again", saved, step)
-    return phases.rollout.submit(ctx.run_id, step)
+    def rollback(self, step: int) -> None:
+        self.records.rollback(step)
 
 
 @flow(name="grpo", persist_result=False)
@@ -174,19 +98,17 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             records.workers(pool)
             ctx = RunContext(run_id, cfg, pool, splits, out, records=records)
             register_run(ctx)
+            calls = TaskCalls()
+            roles = task_roles(run_id, ctx.checkpoint_dir, C.needs_reference(cfg), calls)
             try:
                 start, ckpt = restore_latest(ctx)
                 records.resume_at(start, ckpt)
-                before = phases.evaluate(run_id, start)
+                before = roles.generator.evaluate(start)
                 logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
                             before["eval/accuracy"], max(pool.startup_s.values()), threads)
-                calls = 2 + run_iterations(ctx, start, records, show_line)
-                after = phases.evaluate(run_id, cfg.steps)
-                last = ctx.checkpoint_dir / f"step-{cfg.steps:06d}"
-                final = str(last) if (last / "COMPLETE").exists() else phases.checkpoint(run_id, cfg.steps)
-                if final is None:
-                    raise RuntimeError(f"the trainer was lost and rolled back while saving step {cfg.steps}; "
-                                       f"`forgeflow resume {run_id}` redoes the last steps")
+                run_grpo_steps(roles, C.run_schedule(cfg), start, FlowRecorder(records, cfg.steps))
+                after = roles.generator.evaluate(cfg.steps)
+                final = final_checkpoint(ctx, roles)
                 records.checkpoint(cfg.steps, final, kind="final")
             finally:
                 unregister_run(run_id)
@@ -200,7 +122,7 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
     summary = {"run_id": run_id, "run_name": run_name, "acc_before": before["eval/accuracy"],
                "acc_after": after["eval/accuracy"], "start_step": start,
                "minutes": (time.perf_counter() - start_time) / 60, "checkpoint": final,
-               "flow_run_id": str(flow_run.id) if flow_run.id else None, "task_calls": calls,
+               "flow_run_id": str(flow_run.id) if flow_run.id else None, "task_calls": calls.count,
                "recoveries": ctx.recoveries}
     rows = records.rows()
     if rows:
@@ -242,17 +164,16 @@ def run_id_for_flow_run() -> str:
     return run_id
 
 
-def restore_latest(ctx: RunContext) -> tuple[int, Path | None]:
-    """Load the run's latest complete checkpoint into the trainer (and its weights into the generators);
-    returns (the step to continue from, that checkpoint), (0, None) for a fresh run."""
-    ckpt = ctx.latest_checkpoint()
-    if ckpt is None:
-        return 0, None
-    step = ctx.pool.call("trainer", "load_checkpoint", str(ckpt))
-    ctx.pool.call("trainer", "publish_weights", step)
-    ctx.pool.call_all("generator", "load_weights", step)
-    log.info("resumed from %s at step %d", ckpt, step)
-    return step, ckpt
+def final_checkpoint(ctx: RunContext, roles) -> str:
+    """The checkpoint of the last step: already saved when the schedule checkpointed it, else saved now."""
+    last = ckpt.step_dir(ctx.checkpoint_dir, ctx.cfg.steps)
+    if ckpt.is_complete(last):
+        return str(last)
+    try:
+        return roles.trainer.checkpoint(ctx.cfg.steps, None)
+    except RolledBack as exc:
+        raise RuntimeError(f"the trainer was lost and rolled back while saving step {ctx.cfg.steps}; "
+                           f"`forgeflow resume {ctx.run_id}` redoes the last steps") from exc
 
 
 if __name__ == "__main__":  # `python -m flows.grpo …` is `forgeflow grpo …`: hand over to the command line,

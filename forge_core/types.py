@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 
 @dataclass
 class Completion:
@@ -45,20 +43,3 @@ class Group:
     @property
     def rewards(self) -> list[float]:
         return [e.reward for e in self.episodes]
-
-
-@dataclass
-class TrainBatch:
-    """Padded tensors for one optimizer step.
-
-    tokens: [B, L] prompt+response ids (right-padded); response_start: [B] index of the first response token;
-    response_mask/old_logprobs/ref_logprobs: [B, T] aligned to response positions; advantages: [B].
-    """
-
-    tokens: torch.Tensor
-    response_start: torch.Tensor
-    response_mask: torch.Tensor
-    advantages: torch.Tensor
-    old_logprobs: torch.Tensor | None = None
-    ref_logprobs: torch.Tensor | None = None
-    policy_versions: list[int] = field(default_factory=list)

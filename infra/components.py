@@ -12,6 +12,7 @@ from forge_core.data import ArithSpec, build_template, load_hub_problems, load_p
 from forge_core.data.problems import Problem
 from forge_core.generation import SamplingParams
 from forge_core.losses import get_loss
+from forge_core.schedule import Schedule
 from forge_core.training import TrainerSettings
 from infra.config import RunConfig
 
@@ -102,18 +103,7 @@ def needs_reference(cfg: RunConfig) -> bool:
     return cfg.ref_model.enabled == "true"
 
 
-def syncs_at(cfg: RunConfig, version: int) -> bool:
-    """Whether the trainer publishes `version` (1-based: after step version-1) and the generators load it: every
-    weightsync.sync_every versions, and at each eval step (evaluation uses the generators), each checkpoint step (so a
-    resume restores what the generators held) and the last step."""
-    if version < 1:
-        return False
-    every = (cfg.weightsync.sync_every, cfg.eval.every, cfg.checkpoint.every)
-    return version == cfg.steps or any(n and version % n == 0 for n in every)
-
-
-def last_sync_at(cfg: RunConfig, version: int) -> int:
-    """The newest version the generators hold once the trainer reached `version` (0: the initial weights)."""
-    while version > 0 and not syncs_at(cfg, version):
-        version -= 1
-    return max(version, 0)
+def run_schedule(cfg: RunConfig) -> Schedule:
+    """The Schedule of a GRPO run: when the generators sync, when it evaluates and checkpoints, how far ahead."""
+    return Schedule(steps=cfg.steps, sync_every=cfg.weightsync.sync_every, eval_every=cfg.eval.every,
+                    checkpoint_every=cfg.checkpoint.every, max_policy_age=cfg.max_policy_age)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from infra.checkpoints import HF_DIR, STATE, file_sha256, read_marker
 from infra.config import RunConfig, config_to_dict, redact_secrets
 from infra.registry import repo, session_scope
 from infra.tracking import Tracker
@@ -46,14 +47,6 @@ def dataset_fingerprint(problems) -> str:
         h.update(str(p.solution).encode())
         h.update(b"\1")
     return h.hexdigest()[:16]
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class RunRecords:
@@ -123,7 +116,7 @@ class RunRecords:
 
     def attach_checkpoint(self, path: Path, max_artifact_mb: float = 50.0) -> None:
         """The final model as an MLflow artifact when small (HF dir), else by URI tag (big models stay put)."""
-        hf = path / "hf" if (path / "hf").is_dir() else path
+        hf = path / HF_DIR if (path / HF_DIR).is_dir() else path
         size_mb = sum(f.stat().st_size for f in hf.rglob("*") if f.is_file()) / 1e6
         self.tracker.set_tags(self.mlflow_run_id, {"forgeflow.checkpoint_uri": str(path),
                                                    "forgeflow.checkpoint_mb": f"{size_mb:.1f}"})
@@ -195,10 +188,9 @@ class RunRecords:
     def checkpoint(self, step: int, path: str, kind: str = "trainer") -> int:
         """Register a checkpoint directory (sha256 of its trainer state, or of its weights for HF-only ones)."""
         p = Path(path)
-        main = p / "trainer.pt" if (p / "trainer.pt").exists() else p / "model.safetensors"
+        main = p / STATE if (p / STATE).exists() else p / "model.safetensors"
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-        marker = p / "COMPLETE"
-        state = json.loads(marker.read_text()).get("state_sha256") if marker.exists() else None
+        state = read_marker(p).get("state_sha256")
         with session_scope(self.registry_url) as s:
             ck = repo.record_checkpoint(s, self.run_id, step, str(p), file_sha256(main), size, kind,
                                         state_sha256=state)

@@ -1,53 +1,55 @@
-"""What the tasks of a live run share: the worker pool, the config, the problems, the checkpoint directory.
+"""What the tasks of a live run share: the worker pool, its worker-client roles, the config and the problems.
 
-The flow registers a RunContext when its pool is up; tasks look it up by run id (task parameters stay small).
+The flow registers a RunContext when its pool is up; tasks look it up by run id, so task parameters stay small
+(Prefect walks every argument of a task call, and records them).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.components import ProblemSplits
+from forge_core.recipes.iteration import Roles
+from infra import checkpoints as ckpt
+from infra.components import ProblemSplits, needs_reference, run_schedule
 from infra.config import RunConfig
+from workers.pool import WorkerPool
+from workers.remote import RemoteGenerator, RemoteReferenceScorer, RemoteRewardScorer, RemoteTrainer
 
 log = logging.getLogger(__name__)
+
+
+def remote_roles(pool: WorkerPool, splits: ProblemSplits, checkpoint_dir: Path) -> Roles:
+    """The role Protocols over the pool's workers, configured by its run config."""
+    cfg = pool.cfg
+    generator = RemoteGenerator(pool, splits, run_schedule(cfg), cfg.prompts_per_step, cfg.group_size, cfg.seed,
+                                cfg.eval.samples)
+    reference = RemoteReferenceScorer(pool) if needs_reference(cfg) else None
+    trainer = RemoteTrainer(pool, checkpoint_dir, cfg.seed, cfg.checkpoint.keep)
+    return Roles(generator, RemoteRewardScorer(pool), trainer, reference)
 
 
 @dataclass
 class RunContext:
     run_id: str
     cfg: RunConfig
-    pool: object  # infra.launcher.WorkerPool
+    pool: WorkerPool
     splits: ProblemSplits
     out: Path
     records: object | None = None  # infra.records.RunRecords
     recoveries: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.roles = remote_roles(self.pool, self.splits, self.checkpoint_dir)
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.out / "checkpoints"
 
     def latest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint whose trainer state still matches the sha256 in its COMPLETE marker;
-        a truncated or corrupted one is skipped (logged) in favour of the previous good one."""
-        return latest_good_checkpoint(self.checkpoint_dir)
-
-
-def latest_good_checkpoint(checkpoint_dir: Path) -> Path | None:
-    from infra.records import file_sha256
-
-    for path in sorted((p.parent for p in checkpoint_dir.glob("step-*/COMPLETE")), reverse=True):
-        marker = json.loads((path / "COMPLETE").read_text())
-        state = path / "trainer.pt"
-        if "sha256" not in marker:
-            return path
-        if state.exists() and file_sha256(state) == marker["sha256"]:
-            return path
-        log.error("checkpoint %s is corrupted or truncated (sha256 mismatch): using the previous one", path)
-    return None
+        """The newest complete checkpoint whose trainer state matches its marker (infra.checkpoints)."""
+        return ckpt.latest_good_checkpoint(self.checkpoint_dir)
 
 
 _RUNS: dict[str, RunContext] = {}

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
-from infra.components import last_sync_at
+from infra.components import run_schedule
 from tasks.context import RunContext, run_owning_job
 from workers.protocol import WorkerLost
 
@@ -35,14 +36,11 @@ def recover_role(ctx: RunContext, role: str, reason: str = "") -> int:
     pool = ctx.pool
     pool.restart(role)
     if role == "trainer":
-        ckpt = ctx.latest_checkpoint()
-        step = pool.call("trainer", "load_checkpoint", str(ckpt)) if ckpt else 0
-        pool.call("trainer", "publish_weights", step)
-        pool.call_all("generator", "load_weights", step)
+        step = restore_trainer(ctx, ctx.latest_checkpoint())
     else:
         step = pool.call("trainer", "health")["step"]
         if role == "generator":
-            version = last_sync_at(ctx.cfg, step)  # what the lost generators held; still in an fs store
+            version = run_schedule(ctx.cfg).last_sync_at(step)  # what the lost generators held; still in an fs store
             if ctx.cfg.weightsync.backend == "broadcast":
                 # the new group holds no version, and the trainer only has its current weights (`step`): with spaced
                 # syncs or pipelining the generators now sample newer weights than the uninterrupted run did
@@ -54,3 +52,24 @@ def recover_role(ctx: RunContext, role: str, reason: str = "") -> int:
         ctx.records.workers(pool)  # the restarted workers replace the lost ones in the registry
     log.warning("recovered %s (%s): trainer at step %d", role, reason, step)
     return step
+
+
+def restore_trainer(ctx: RunContext, checkpoint: Path | None) -> int:
+    """Load `checkpoint` into the trainer (None: keep a fresh trainer's initial weights, step 0), publish its weights
+    and load them into every generator; returns the trainer's step."""
+    pool = ctx.pool
+    step = pool.call("trainer", "load_checkpoint", str(checkpoint)) if checkpoint else 0
+    pool.call("trainer", "publish_weights", step)
+    pool.call_all("generator", "load_weights", step)
+    return step
+
+
+def restore_latest(ctx: RunContext) -> tuple[int, Path | None]:
+    """Load the run's latest complete checkpoint into the trainer (and its weights into the generators);
+    returns (the step to continue from, that checkpoint), (0, None) for a fresh run."""
+    checkpoint = ctx.latest_checkpoint()
+    if checkpoint is None:
+        return 0, None
+    step = restore_trainer(ctx, checkpoint)
+    log.info("resumed from %s at step %d", checkpoint, step)
+    return step, checkpoint

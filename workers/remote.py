@@ -1,17 +1,28 @@
-"""One GRPO iteration over a WorkerPool: the remote counterparts of `forge_core.recipes.steps`.
+"""The role Protocols of forge_core.protocols over a WorkerPool: each method is one call (or one fan-out) to the
+workers of its role. Prefect tasks call these (tasks/phases.py); the pool and fault tests drive the iteration spine
+with them directly.
 
-The Prefect tasks are thin wrappers around these; they also serve the SLURM and fault tests directly.
+    RemoteGenerator ─ rollout: prompts split round-robin over the generator replicas, version pinned by the Schedule
+    RemoteRewardScorer / RemoteReferenceScorer ─ one reward / reference worker call per batch
+    RemoteTrainer ─ train_step and checkpoints on the trainer worker (all its ranks)
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from forge_core.data.problems import Problem
-from forge_core.recipes.steps import rollout_metrics, step_seed
+from forge_core.protocols import Batch, PendingBatch, RolledBack
+from forge_core.recipes.local import ReadyBatch
+from forge_core.recipes.steps import rollout_metrics, sample_prompt_indices, step_seed
+from forge_core.schedule import Schedule
+from forge_core.training.trainer import save_atomically
 from forge_core.types import Group
-from infra.components import syncs_at
+from infra import checkpoints as ckpt
+from infra.components import ProblemSplits
 
 
 def remote_rollout(pool, problems: Sequence[Problem], prompts: Sequence[str], group_size: int,
@@ -31,28 +42,6 @@ def remote_rollout(pool, problems: Sequence[Problem], prompts: Sequence[str], gr
     return groups
 
 
-def remote_score(pool, groups: list[Group]) -> dict[str, float]:
-    """Rewards from a reward worker, written onto the episodes; returns reward/* metrics."""
-    scores, metrics = pool.call("reward", "score", groups)
-    for g, row in zip(groups, scores, strict=True):
-        for e, (total, breakdown) in zip(g.episodes, row, strict=True):
-            e.reward, e.reward_breakdown = total, breakdown
-    return metrics
-
-
-def remote_reference(pool, groups: list[Group]) -> None:
-    """Reference logprobs from the reference worker, written onto the episodes."""
-    rows = pool.call("reference", "ref_logprobs", groups)
-    for g, row in zip(groups, rows, strict=True):
-        for e, lp in zip(g.episodes, row, strict=True):
-            e.ref_logprobs = lp
-
-
-def remote_train(pool, groups: list[Group], step: int) -> dict[str, float]:
-    """One optimizer step on the trainer worker; it publishes weights version step+1."""
-    return pool.call("trainer", "train_step", groups, step)
-
-
 def remote_sync(pool, version: int) -> list[int]:
     """Every generator replica loads `version` from the weight store."""
     if pool.cfg.weightsync.backend == "broadcast":
@@ -62,27 +51,116 @@ def remote_sync(pool, version: int) -> list[int]:
     return pool.call_all("generator", "load_weights", version)
 
 
-def run_remote_iteration(pool, problems: Sequence[Problem], prompts: Sequence[str], group_size: int, seed: int,
-                         step: int, with_reference: bool = False) -> dict[str, float]:
-    """rollout → reward → (reference) → train → sync for `step`; returns all metrics with timings."""
-    t0 = time.perf_counter()
-    groups = remote_rollout(pool, problems, prompts, group_size, step_seed(seed, step))
-    t1 = time.perf_counter()
-    metrics = {**remote_score(pool, groups), **rollout_metrics(groups)}
-    t2 = time.perf_counter()
-    if with_reference:
-        remote_reference(pool, groups)
-    t3 = time.perf_counter()
-    metrics.update(remote_train(pool, groups, step))
-    t4 = time.perf_counter()
-    if syncs_at(pool.cfg, step + 1):  # the trainer published step+1
-        remote_sync(pool, step + 1)
-    t5 = time.perf_counter()
-    metrics.update({"timing/rollout": t1 - t0, "timing/reward": t2 - t1, "timing/reference": t3 - t2,
-                    "timing/train": t4 - t3, "timing/sync": t5 - t4, "timing/step": t5 - t0})
-    versions = {e.completion.policy_version for g in groups for e in g.episodes}
-    metrics["rollout/policy_version"] = float(min(versions))
-    return metrics
+@dataclass
+class RemoteGenerator:
+    """GeneratorRole over the pool's generator replicas: `prompts_per_step` problems of `splits.train` per step."""
+
+    pool: object  # workers.pool.WorkerPool
+    splits: ProblemSplits
+    schedule: Schedule
+    prompts_per_step: int
+    group_size: int
+    seed: int
+    eval_samples: int = 0
+
+    def rollout(self, step: int) -> Batch:
+        idx = sample_prompt_indices(len(self.splits.train), self.prompts_per_step, self.seed, step)
+        t0 = time.perf_counter()
+        groups = remote_rollout(self.pool, [self.splits.train[i] for i in idx],
+                                [self.splits.train_prompts[i] for i in idx], self.group_size,
+                                step_seed(self.seed, step), self.schedule.behaviour_version(step))
+        seconds = time.perf_counter() - t0
+        metrics = rollout_metrics(groups)
+        tokens = sum(len(e.completion.token_ids) for g in groups for e in g.episodes)
+        oldest = min(e.completion.policy_version for g in groups for e in g.episodes)
+        metrics.update({"rollout/tokens_per_s": tokens / max(seconds, 1e-9), "timing/rollout": seconds,
+                        "rollout/policy_version": float(oldest), "rollout/policy_staleness": float(step - oldest)})
+        return groups, metrics
+
+    def rollout_ahead(self, step: int) -> ReadyBatch:
+        return ReadyBatch(self.rollout(step))  # one caller, one connection: sampled now (tasks run it in a thread)
+
+    def resume_ahead(self, step: int) -> ReadyBatch:
+        return self.rollout_ahead(step)
+
+    def sync(self, version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        remote_sync(self.pool, version)
+        return {"timing/sync": time.perf_counter() - t0}
+
+    def evaluate(self, version: int) -> dict[str, float]:
+        """Held-out greedy (and sampled) accuracy of the generator's current weights."""
+        return self.pool.call("generator", "evaluate", self.splits.eval, self.splits.eval_prompts, self.eval_samples)
+
+
+@dataclass
+class RemoteRewardScorer:
+    pool: object
+
+    def score(self, step: int, groups: list[Group]) -> Batch:
+        """Rewards from a reward worker, written onto the episodes; reward/* metrics."""
+        t0 = time.perf_counter()
+        scores, metrics = self.pool.call("reward", "score", groups)
+        for g, row in zip(groups, scores, strict=True):
+            for e, (total, breakdown) in zip(g.episodes, row, strict=True):
+                e.reward, e.reward_breakdown = total, breakdown
+        metrics["timing/reward"] = time.perf_counter() - t0
+        return groups, metrics
+
+
+@dataclass
+class RemoteReferenceScorer:
+    pool: object
+
+    def score(self, step: int, groups: list[Group]) -> Batch:
+        """Reference logprobs from the reference worker, written onto the episodes."""
+        t0 = time.perf_counter()
+        rows = self.pool.call("reference", "ref_logprobs", groups)
+        for g, row in zip(groups, rows, strict=True):
+            for e, lp in zip(g.episodes, row, strict=True):
+                e.ref_logprobs = lp
+        return groups, {"timing/reference": time.perf_counter() - t0}
+
+
+@dataclass
+class RemoteTrainer:
+    """PolicyTrainer over the trainer worker; checkpoints go to `checkpoint_dir` (infra.checkpoints layout)."""
+
+    pool: object
+    checkpoint_dir: Path
+    seed: int = 0
+    keep: int = 3
+
+    def step(self) -> int:
+        """The trainer's actual step (a recovery may have restored an older checkpoint)."""
+        return self.pool.call("trainer", "health")["step"]
+
+    def train(self, step: int, groups: list[Group]) -> dict[str, float]:
+        """Advantages + one optimizer step on the trainer worker; it publishes version step+1 when the generators
+        sync to it. Raises RolledBack (nothing trained) when a recovery restored the trainer to another step."""
+        actual = self.step()
+        if actual != step:
+            raise RolledBack(actual)
+        t0 = time.perf_counter()
+        metrics = self.pool.call("trainer", "train_step", groups, step)
+        metrics["timing/train"] = time.perf_counter() - t0
+        return metrics
+
+    def checkpoint(self, version: int, ahead: PendingBatch | None) -> str:
+        """Trainer state + HF weights to step-N; `ahead`: step N's batch when it was sampled ahead (pipelined),
+        saved with the checkpoint so a resume trains on the same batch. COMPLETE is written last, old checkpoints
+        are pruned to `keep`. Raises RolledBack when the trainer is no longer at `version`: older weights are
+        never labelled as this step."""
+        if (actual := self.step()) != version:
+            raise RolledBack(actual)
+        path = ckpt.step_dir(self.checkpoint_dir, version)
+        # state_sha256: equal for equal training states (the file's own bytes are not canonical)
+        state_sha256 = self.pool.call("trainer", "save_checkpoint", str(path))
+        if ahead is not None:
+            save_atomically(ahead.result(), path / ckpt.INFLIGHT)
+        ckpt.mark_complete(path, version, state_sha256, self.seed)  # last: without it the directory is ignored
+        ckpt.prune_checkpoints(self.checkpoint_dir, self.keep)
+        return str(path)
 
 
 class RemoteSFTTrainer:

@@ -11,9 +11,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from forge_core.seeding import restore_rng_states, rng_states
-from infra.records import file_sha256
-
-SHARDS = "dcp"
+from infra.checkpoints import SHARDS, STATE, file_sha256
 
 
 def shard_digests(folder: Path) -> dict[str, str]:
@@ -39,7 +37,7 @@ def load_sharded(trainer, path: Path) -> None:
     folder = path / SHARDS
     box = [None, None]  # (small state, error)
     if dist.get_rank() == 0:
-        small_state = torch.load(path / "trainer.pt", weights_only=False, map_location="cpu")
+        small_state = torch.load(path / STATE, weights_only=False, map_location="cpu")
         small_state.pop("model")  # the gathered copy: the shards hold the same weights
         found = shard_digests(folder) if folder.is_dir() else {}
         bad = sorted(name for name, digest in small_state["dcp_sha256"].items() if found.get(name) != digest)

@@ -20,6 +20,7 @@ from forge_core.training import Trainer, state_sha256
 from forge_core.training.trainer import save_atomically
 from forge_core.types import Group
 from infra import components as C
+from infra.checkpoints import HF_DIR, STATE, WORKER_STEP
 from infra.config import RunConfig
 from workers.base import Worker, dtype_of, model_source, worker_device
 from workers.sharded_checkpoint import load_sharded, save_sharded
@@ -47,13 +48,14 @@ class TrainerWorker(Worker):
         self.trainer = self._make_trainer(model, C.build_loss(cfg), C.trainer_settings(cfg))
         self.sft_trainer: Trainer | None = None  # built by the first sft_step (its own optimizer and schedule)
         self.store = store
+        self.schedule = C.run_schedule(cfg)
         self.last_metrics: dict[str, float] = {}
 
     # ---- calls (rank 0 receives them and fans them out) ----
 
     def train_step(self, groups: list[Group], step: int | None = None) -> dict[str, float]:
         """Advantages + one optimizer step on `groups`; publishes version step+1 when the generators sync to it
-        (`syncs_at`). Returns loss/* metrics."""
+        (`Schedule.syncs_at`). Returns loss/* metrics."""
         self._fan_out("train_step", groups, step)
         self.calls += 1
         adv = dict(self.cfg.advantage)
@@ -168,12 +170,12 @@ class TrainerWorker(Worker):
         return version
 
     def _publish_after_step(self, version: int, metrics: dict[str, float]) -> None:
-        """Publish the step's weights when the generators will load them (`syncs_at`: weightsync.sync_every spaces
+        """Publish the step's weights when the generators will load them (`Schedule.syncs_at`: weightsync.sync_every spaces
         out the gathers, writes and broadcasts, not only the loads). A broadcast to a group that lost a generator
         fails here, yet the step is done and consistent: keep it, say so in the metrics; the next call to that
         generator raises WorkerLost, and the recovery re-forms the group and republishes this version."""
         metrics["policy_version"] = float(version)
-        metrics["weights/published"] = float(C.syncs_at(self.cfg, version))
+        metrics["weights/published"] = float(self.schedule.syncs_at(version))
         if not metrics["weights/published"]:  # every rank decides alike: the gather below is collective
             return
         try:
@@ -197,12 +199,12 @@ class TrainerWorker(Worker):
             return None
         out.mkdir(parents=True, exist_ok=True)
         if self.world == 1:
-            digest = self.trainer.save(out / "trainer.pt")
+            digest = self.trainer.save(out / STATE)
         else:
-            save_atomically({"model": state, **small_state}, out / "trainer.pt")
+            save_atomically({"model": state, **small_state}, out / STATE)
             digest = state_sha256({"model": state, "step": self.trainer.step})
-        save_model_and_tokenizer(self._hf_model(state), self.tokenizer, out / "hf")
-        (out / "worker_step.json").write_text(json.dumps({"step": self.step}))
+        save_model_and_tokenizer(self._hf_model(state), self.tokenizer, out / HF_DIR)
+        (out / WORKER_STEP).write_text(json.dumps({"step": self.step}))
         return digest
 
     def load_checkpoint(self, path: str) -> int:
@@ -211,9 +213,9 @@ class TrainerWorker(Worker):
         if self.world > 1:
             load_sharded(self.trainer, Path(path))
         else:
-            self.trainer.load(Path(path) / "trainer.pt")
+            self.trainer.load(Path(path) / STATE)
         # the run's step also counts steps whose batch was empty (no optimizer step)
-        self.step = self.policy_version = json.loads((Path(path) / "worker_step.json").read_text())["step"]
+        self.step = self.policy_version = json.loads((Path(path) / WORKER_STEP).read_text())["step"]
         return self.step
 
     def _hf_model(self, state: dict[str, torch.Tensor]):

@@ -5,6 +5,7 @@ Both the in-process loop and the Prefect tasks call these; each takes the compon
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -23,6 +24,13 @@ from forge_core.types import Episode, Group
 def step_seed(run_seed: int, step: int, salt: int = 0) -> int:
     """Sampling seed for (run, step): re-running a step after a rollback samples the same rollouts."""
     return (run_seed * 1_000_003 + step * 7919 + salt) % (2**31 - 1)
+
+
+def sample_prompt_indices(num_problems: int, k: int, seed: int, step: int) -> list[int]:
+    """The problem indices of `step`: a pure function of (seed, step), so a re-run step sees the same prompts."""
+    if k > num_problems:
+        raise ValueError(f"prompts_per_step={k} exceeds the {num_problems} training problems; lower prompts_per_step")
+    return random.Random(step_seed(seed, step, salt=1)).sample(range(num_problems), k)
 
 
 def rollout(generator: TorchGenerator, problems: Sequence[Problem], prompts: Sequence[str], group_size: int,

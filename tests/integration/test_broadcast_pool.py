@@ -9,10 +9,10 @@ import pytest
 
 from tasks.context import RunContext
 from tasks.recovery import recover_role
-from tests.integration.pool_helpers import tiny_config, tiny_splits
+from tests.integration.pool_helpers import run_pool_iteration, tiny_config, tiny_splits
 from workers.pool import WorkerPool
 from workers.protocol import WorkerLost
-from workers.remote import remote_rollout, remote_score, remote_sync, remote_train, run_remote_iteration
+from workers.remote import RemoteRewardScorer, RemoteTrainer, remote_rollout, remote_sync
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ BROADCAST = {"generator.num_replicas": 2, "weightsync.backend": "broadcast"}
 
 def two_iterations_and_a_sample(pool, splits) -> tuple[list[dict], list[list[int]]]:
     """Metrics of two iterations (the second trains on samples of version 1) and the tokens version 2 samples."""
-    metrics = [run_remote_iteration(pool, splits.train[:6], splits.train_prompts[:6], 4, seed=0, step=s)
+    metrics = [run_pool_iteration(pool, splits, 6, 4, step=s)
                for s in range(2)]
     groups = remote_rollout(pool, splits.train[:4], splits.train_prompts[:4], 2, seed=7)
     untimed = [{k: v for k, v in m.items() if not k.startswith("timing/") and "per_s" not in k} for m in metrics]
@@ -53,10 +53,10 @@ def test_a_killed_generator_is_replaced_and_the_group_re_formed(broadcast_run):
     pool = ctx.pool
     step = pool.call("trainer", "health")["step"]
     groups = remote_rollout(pool, splits.train[:4], splits.train_prompts[:4], 4, seed=1)
-    remote_score(pool, groups)
+    RemoteRewardScorer(pool).score(step, groups)
     victim = pool.clients("generator")[1].call("health")["pid"]
     os.kill(victim, signal.SIGKILL)
-    metrics = remote_train(pool, groups, step)  # the step trains; the broadcast to the dead member fails
+    metrics = RemoteTrainer(pool, ctx.checkpoint_dir).train(step, groups)  # the step trains; the broadcast to the dead member fails
     assert metrics["weights/publish_failed"] == 1.0 and metrics["policy_version"] == step + 1
     with pytest.raises(WorkerLost, match="generator-1"):
         remote_sync(pool, step + 1)  # finds the dead generator instead of waiting for a version that cannot come
@@ -64,7 +64,7 @@ def test_a_killed_generator_is_replaced_and_the_group_re_formed(broadcast_run):
     generators = pool.health()["generator"]
     assert victim not in [h["pid"] for h in generators]
     assert [h["policy_version"] for h in generators] == [step + 1, step + 1]
-    m = run_remote_iteration(pool, splits.train[:4], splits.train_prompts[:4], 4, seed=0, step=step + 1)
+    m = run_pool_iteration(pool, splits, 4, 4, step=step + 1)
     assert "weights/publish_failed" not in m and m["rollout/policy_version"] == step + 1
     assert [h["policy_version"] for h in pool.health()["generator"]] == [step + 2, step + 2]
 
@@ -77,6 +77,6 @@ def test_a_killed_trainer_hosts_a_new_group(broadcast_run):
         pool.call("trainer", "health")
     assert recover_role(ctx, "trainer", reason="killed") == 0  # no checkpoint: back to the initial weights
     assert [h["policy_version"] for h in pool.health()["generator"]] == [0, 0]
-    m = run_remote_iteration(pool, splits.train[:4], splits.train_prompts[:4], 4, seed=0, step=0)
+    m = run_pool_iteration(pool, splits, 4, 4, step=0)
     assert m["policy_version"] == 1 and "weights/publish_failed" not in m
     assert [h["policy_version"] for h in pool.health()["generator"]] == [1, 1]

@@ -14,11 +14,11 @@ from mlflow.tracking import MlflowClient
 
 from cli.reports import show_run
 from flows.grpo import grpo_flow
+from infra.checkpoints import latest_good_checkpoint
 from infra.orphan_guard import leftover_servers
 from infra.paths import run_dir
 from infra.registry import repo, session_scope
 from infra.tracking import default_tracking_uri
-from tasks.context import latest_good_checkpoint
 from tests.integration.fault_helpers import (
     TINY,
     existing_runs,
@@ -205,17 +205,17 @@ class InjectedCrash(Exception):
 def test_a_crash_around_a_checkpoint_loses_no_step_on_resume(point, monkeypatch, reference_sha):
     """A crash while step 4's checkpoint is being written (resume from step 2 redoes 3-4) or right after its COMPLETE
     marker, before the registry heard of it (resume from step 4 must still have step 4 on record)."""
+    from infra import checkpoints
     from infra.records import RunRecords
-    from tasks import phases
 
     if point == "before-complete":
-        real = phases.file_sha256
+        real = checkpoints.file_sha256
 
         def crash_in_checkpoint(path):
             if "step-000004" in str(path):
                 raise InjectedCrash(point)
             return real(path)
-        monkeypatch.setattr(phases, "file_sha256", crash_in_checkpoint)
+        monkeypatch.setattr(checkpoints, "file_sha256", crash_in_checkpoint)
     else:
         real = RunRecords.checkpoint
 

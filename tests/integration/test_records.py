@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.grpo import grpo_flow
 from flows.sweep import sweep_flow
-from infra.records import file_sha256
+from infra.checkpoints import file_sha256
 from infra.registry import repo, session_scope
 from infra.tracking import default_tracking_uri
 

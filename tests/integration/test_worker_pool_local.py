@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.pool_helpers import tiny_config, tiny_splits
+from tests.integration.pool_helpers import run_pool_iteration, tiny_config, tiny_splits
 from workers.pool import WorkerPool
 from workers.protocol import WorkerLost, pid_alive
-from workers.remote import remote_rollout, run_remote_iteration
+from workers.remote import remote_rollout
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def test_health_reports_identity(pool):
 def test_two_iterations_move_the_policy_version(pool):
     p, splits = pool
     for step in range(2):
-        m = run_remote_iteration(p, splits.train[:6], splits.train_prompts[:6], 4, seed=0, step=step)
+        m = run_pool_iteration(p, splits, 6, 4, step=step)
         assert m["policy_version"] == step + 1
         assert m["rollout/policy_version"] == step  # rollouts were sampled by the previous version
         assert 0.0 <= m["reward/mean"] <= 1.0 and m["rollout/num_episodes"] == 24

@@ -5,10 +5,9 @@ import time
 
 import pytest
 
-from tests.integration.pool_helpers import tiny_config, tiny_splits
+from tests.integration.pool_helpers import run_pool_iteration, tiny_config, tiny_splits
 from workers.pool import WorkerPool
 from workers.protocol import WorkerLost
-from workers.remote import run_remote_iteration
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -24,7 +23,7 @@ def test_slurm_pool_runs_two_iterations_and_sees_scancel(slurm_cluster, tmp_path
         for ids in jobs.values():
             assert all(f"{i} RUNNING" in queue for i in ids), queue
         for step in range(2):
-            m = run_remote_iteration(pool, splits.train[:4], splits.train_prompts[:4], 4, seed=0, step=step)
+            m = run_pool_iteration(pool, splits, 4, 4, step=step)
             assert m["policy_version"] == step + 1 and m["rollout/policy_version"] == step
         subprocess.run(["scancel", jobs["trainer"][0]], check=True)
         t0 = time.monotonic()
@@ -36,6 +35,6 @@ def test_slurm_pool_runs_two_iterations_and_sees_scancel(slurm_cluster, tmp_path
         assert info.value.job_id == str(jobs["trainer"][0])
         pool.restart("trainer")
         assert pool.call("trainer", "health")["policy_version"] == 0
-        m = run_remote_iteration(pool, splits.train[:4], splits.train_prompts[:4], 4, seed=0, step=0)
+        m = run_pool_iteration(pool, splits, 4, 4, step=0)
         assert m["policy_version"] == 1 and "weights/publish_failed" not in m
         assert pool.health()["generator"][0]["policy_version"] == 1  # reached the generator (new group with broadcast)

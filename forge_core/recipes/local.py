@@ -1,0 +1,172 @@
+"""In-process implementations of the role Protocols: one TorchGenerator, one Trainer, reward functions and an
+optional frozen reference model, all in this process (the model is shared by generator and trainer)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from forge_core.advantages import collect_informative_groups
+from forge_core.data.problems import Problem
+from forge_core.generation import SamplingParams, TorchGenerator
+from forge_core.protocols import Batch
+from forge_core.recipes import steps
+from forge_core.rewards import CombinedReward
+from forge_core.training import Trainer
+from forge_core.types import Group
+
+
+@dataclass
+class ReadyBatch:
+    """A rollout already sampled, where a running one could be."""
+
+    value: Batch
+
+    def result(self) -> Batch:
+        return self.value
+
+
+@dataclass
+class LocalGenerator:
+    """Rollouts of `prompts_per_step` training prompts × `group_size` samples; with `fill_rounds` > 1 (and a
+    reward) uninformative groups are replaced by fresh prompts until the batch is full (DAPO dynamic sampling)."""
+
+    generator: TorchGenerator
+    problems: Sequence[Problem]
+    prompts: Sequence[str]
+    eval_problems: Sequence[Problem]
+    eval_prompts: Sequence[str]
+    prompts_per_step: int
+    group_size: int
+    seed: int
+    sampling: SamplingParams
+    eval_samples: int = 0
+    fill_rounds: int = 1
+    reward: CombinedReward | None = None  # used only to refill (fill_rounds > 1)
+    trainer: Trainer | None = None  # whose weights `sync` loads (nothing to copy when it shares the model)
+
+    def rollout(self, step: int) -> Batch:
+        """Sample the step's groups; (groups, rollout/* and timing/rollout metrics)."""
+        t0, calls = time.perf_counter(), []
+
+        def sample(n: int) -> list[Group]:
+            salt = len(calls)
+            calls.append(n)
+            idx = steps.sample_prompt_indices(len(self.problems), n, self.seed + 7919 * salt, step)
+            groups = steps.rollout(self.generator, [self.problems[i] for i in idx], [self.prompts[i] for i in idx],
+                                   self.group_size, steps.step_seed(self.seed, step, salt), self.sampling)
+            if self.refills:  # the refill needs to know which groups are informative
+                calls[-1] = steps.score_rewards(groups, self.reward)
+            return groups
+
+        metrics: dict[str, float] = {}
+        if self.refills:
+            groups, stats = collect_informative_groups(sample, self.prompts_per_step, self.fill_rounds)
+            metrics.update(calls[0])  # the first round's reward/* metrics, as without refills
+            metrics.update({"rollout/fill_rounds": float(stats.rounds), "rollout/sampled_groups": float(stats.sampled),
+                            "rollout/refill_dropped": float(stats.dropped)})
+        else:
+            groups = sample(self.prompts_per_step)
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(e.completion.token_ids) for g in groups for e in g.episodes)
+        metrics.update(steps.rollout_metrics(groups))
+        metrics.update({"timing/rollout": seconds, "rollout/tokens_per_s": tokens / max(seconds, 1e-9),
+                        "rollout/policy_staleness": 0.0})
+        return groups, metrics
+
+    @property
+    def refills(self) -> bool:
+        """Whether rollouts score rewards themselves (dynamic sampling): then ScoredDuringRollout is the scorer."""
+        return self.fill_rounds > 1 and self.reward is not None
+
+    def rollout_ahead(self, step: int) -> ReadyBatch:
+        """Sampled now, with the weights held now (before the current step trains)."""
+        return ReadyBatch(self.rollout(step))
+
+    def resume_ahead(self, step: int) -> ReadyBatch:
+        return self.rollout_ahead(step)
+
+    def sync(self, version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        steps.sync_weights(self.generator, self.trainer, version)
+        return {"timing/sync": time.perf_counter() - t0}
+
+    def evaluate(self, version: int) -> dict[str, float]:
+        """Held-out greedy (and optionally sampled) accuracy of the current policy."""
+        return steps.evaluate(self.generator, self.eval_problems, self.eval_prompts, self.sampling.max_new_tokens,
+                              samples=self.eval_samples, temperature=self.sampling.temperature, seed=self.seed)
+
+
+@dataclass
+class LocalRewardScorer:
+    reward: CombinedReward
+
+    def score(self, step: int, groups: list[Group]) -> Batch:
+        t0 = time.perf_counter()
+        metrics = steps.score_rewards(groups, self.reward)
+        metrics["timing/reward"] = time.perf_counter() - t0
+        return groups, metrics
+
+
+class ScoredDuringRollout:
+    """The reward role when the generator refills uninformative groups: it scored every episode already."""
+
+    def score(self, step: int, groups: list[Group]) -> Batch:
+        return groups, {}
+
+
+@dataclass
+class LocalReferenceScorer:
+    model: object  # a frozen causal LM
+    pad_id: int
+    temperature: float = 1.0
+
+    def score(self, step: int, groups: list[Group]) -> Batch:
+        t0 = time.perf_counter()
+        steps.score_reference(self.model, groups, self.pad_id, self.temperature)
+        return groups, {"timing/reference": time.perf_counter() - t0}
+
+
+@dataclass
+class LocalTrainer:
+    """Advantages (with the optional DAPO filter) and one optimizer step on the in-process Trainer."""
+
+    trainer: Trainer
+    pad_id: int
+    advantage: dict = field(default_factory=lambda: {"name": "grpo"})
+    filter_groups: bool = False
+
+    def train(self, step: int, groups: list[Group]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        adv = dict(self.advantage)
+        episodes, metrics = steps.compute_advantages(groups, adv.pop("name"), self.filter_groups, **adv)
+        metrics.update(steps.train_on_episodes(self.trainer, episodes, self.pad_id))
+        metrics["timing/train"] = time.perf_counter() - t0
+        return metrics
+
+    def checkpoint(self, version: int, ahead) -> str:
+        raise RuntimeError("the in-process loop runs with checkpoint_every 0 (it saves the final model only); "
+                           "checkpoints during training are the Prefect flow's")
+
+
+@dataclass
+class HistoryRecorder:
+    """Step metrics kept in memory (and handed to `on_step(step, metrics)`, step 0-based)."""
+
+    on_step: Callable[[int, dict], None] | None = None
+    history: list[dict] = field(default_factory=list)
+
+    def step(self, version: int, metrics: dict[str, float]) -> None:
+        # groups the refill replaced count as dropped too, beside those the trainer's filter dropped
+        metrics["rollout/dropped_groups"] = metrics.get("rollout/dropped_groups", 0.0) + \
+            metrics.pop("rollout/refill_dropped", 0.0)
+        self.history.append(metrics)
+        if self.on_step:
+            self.on_step(version - 1, metrics)
+
+    def checkpoint(self, version: int, path: str) -> None:
+        return None
+
+    def rollback(self, step: int) -> None:
+        del self.history[step:]

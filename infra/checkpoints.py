@@ -1,0 +1,106 @@
+"""The checkpoint layout of a run, in one place:
+
+    <run>/checkpoints/step-NNNNNN/
+        trainer.pt            trainer state (model, optimizer, scheduler, RNG, step); sha256 in COMPLETE
+        dcp/                  model and optimizer shards (several trainer ranks)
+        hf/                   HF-format weights (generators, evaluation, `forgeflow eval`)
+        worker_step.json      the run's step (it also counts steps whose batch was empty)
+        inflight_rollout.pt   pipelined runs: the step's batch, sampled ahead with the previous version
+        COMPLETE              JSON marker written last; a directory without it is ignored on resume
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+STATE = "trainer.pt"
+SHARDS = "dcp"
+MARKER = "COMPLETE"
+INFLIGHT = "inflight_rollout.pt"
+HF_DIR = "hf"
+WORKER_STEP = "worker_step.json"
+
+
+def step_dir(checkpoint_dir: Path, step: int) -> Path:
+    """The directory of the checkpoint after `step` optimizer steps."""
+    return Path(checkpoint_dir) / f"step-{step:06d}"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / MARKER).exists()
+
+
+def read_marker(path: Path) -> dict:
+    """The COMPLETE marker of a checkpoint directory ({} when it has none)."""
+    marker = Path(path) / MARKER
+    return json.loads(marker.read_text()) if marker.exists() else {}
+
+
+def complete_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """Every checkpoint directory with a COMPLETE marker, oldest first."""
+    return sorted(p.parent for p in Path(checkpoint_dir).glob(f"step-*/{MARKER}"))
+
+
+def mark_complete(path: Path, step: int, state_sha256: str | None, seed: int) -> None:
+    """Write the COMPLETE marker last (atomically): sha256 of the trainer state file, the canonical state digest
+    (equal for equal training states) and the sampler position, a pure function of (seed, step)."""
+    path = Path(path)
+    state, inflight = path / STATE, path / INFLIGHT
+    marker = {"step": step, "policy_version": step, "sha256": file_sha256(state), "bytes": state.stat().st_size,
+              "state_sha256": state_sha256, "sampler": {"seed": seed, "next_step": step},
+              "inflight_sha256": file_sha256(inflight) if inflight.exists() else None}
+    tmp = path / f"{MARKER}.tmp"
+    tmp.write_text(json.dumps(marker))
+    tmp.replace(path / MARKER)
+
+
+def prune_checkpoints(checkpoint_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints (the marker first: a crash mid-delete never leaves a
+    "complete" partial checkpoint)."""
+    for old in complete_checkpoints(checkpoint_dir)[:-keep]:
+        (old / MARKER).unlink()
+        shutil.rmtree(old)
+
+
+def latest_good_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest complete checkpoint whose trainer state still matches the sha256 in its marker; a truncated or
+    corrupted one is skipped (logged) in favour of the previous good one."""
+    for path in reversed(complete_checkpoints(checkpoint_dir)):
+        marker = read_marker(path)
+        state = path / STATE
+        if "sha256" not in marker:
+            return path
+        if state.exists() and file_sha256(state) == marker["sha256"]:
+            return path
+        log.error("checkpoint %s is corrupted or truncated (sha256 mismatch): using the previous one", path)
+    return None
+
+
+def load_inflight(checkpoint_dir: Path, step: int):
+    """The batch saved with the checkpoint at `step` (sampled ahead, pipelined), or None when there is none or it
+    does not match its marker's sha256."""
+    path = step_dir(checkpoint_dir, step)
+    saved = path / INFLIGHT
+    if step <= 0 or not saved.exists():
+        return None
+    if read_marker(path).get("inflight_sha256") != file_sha256(saved):
+        log.error("%s does not match its checkpoint's sha256: sampling step %d again", saved, step)
+        return None
+    import torch
+
+    log.info("step %d: training on the batch saved with its checkpoint (sampled ahead)", step)
+    return torch.load(saved, weights_only=False)
