@@ -44,11 +44,10 @@ def ensure_work_pool(name: str = WORK_POOL) -> None:
 
 
 def apply_deployments(root: Path) -> None:
-    """`prefect deploy --all` from the repository root, with the pull step pointing at it."""
-    env = {**os.environ, "FORGEFLOW_ROOT": str(root)}
+    """`prefect deploy --all` from the repository root (Prefect's own default pull step then points at it)."""
     prefect = Path(sys.executable).with_name("prefect")
     cmd = [str(prefect) if prefect.exists() else "prefect", "--no-prompt", "deploy", "--all"]
-    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
 

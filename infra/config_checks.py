@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
 from infra.config import CHOICES, POSITIVE, RunConfig, flatten, read_config
 
+_CHECKED: set[str] = set()  # the configs this process has checked (the CLI, the flow and its tasks load one again)
+
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list[str] | None = None) -> RunConfig:
-    """The checked RunConfig of a YAML file (or the defaults) plus overrides (dict of dotted keys or CLI args)."""
+    """The checked RunConfig of a YAML file (or the defaults) plus overrides (dict of dotted keys or CLI args).
+    A config this process already checked is not checked again (the check builds the loss once)."""
     cfg = read_config(path, overrides)
     where = ("defaults" if path is None else str(path)) + (" + overrides" if overrides else "")
-    return validate(cfg, where)
+    key = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
+    if key not in _CHECKED:
+        validate(cfg, where)
+        _CHECKED.add(key)
+    return cfg
 
 
 def validate(cfg: RunConfig, where: str) -> RunConfig:

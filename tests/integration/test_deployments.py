@@ -96,6 +96,15 @@ def run_deployment_cli(stack, name: str, params: dict, timeout: float = 600) -> 
     return subprocess.run(cmd, cwd=ROOT, env=stack["env"], capture_output=True, text=True, timeout=timeout)
 
 
+def test_plain_prefect_deploy_runs_the_flows_from_the_checkout(prefect_stack):
+    """`forgeflow deploy` runs plain `prefect deploy --all` from the checkout (no environment variable needed); the
+    recorded pull step puts the worker in this checkout, where the entrypoints and config paths resolve."""
+    (dep,) = api(prefect_stack, "/deployments/filter", {"deployments": {"name": {"any_": ["grpo-math"]}}})
+    assert dep["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
+    assert (ROOT / dep["entrypoint"].split(":")[0]).exists()
+    assert (ROOT / dep["parameters"]["config"]).exists()
+
+
 def test_deployment_run_completes_with_every_phase_recorded(prefect_stack):
     out = run_deployment_cli(prefect_stack, "grpo/grpo-math", {"overrides": {**TINY, "steps": 2}})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

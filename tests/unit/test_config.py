@@ -96,3 +96,22 @@ def test_passwords_in_urls_are_redacted_for_records():
     assert out["tracking"]["registry_url"] == "postgresql+psycopg://forge:***@db:5432/reg"
     assert out["tracking"]["mlflow_uri"] == "http://127.0.0.1:5000" and out["seed"] == 3
     assert cfg["tracking"]["registry_url"].endswith("s3cr%40t@db:5432/reg")  # the original is untouched
+
+
+def test_a_config_is_checked_once_per_process_and_workers_take_it_as_checked(monkeypatch):
+    """The CLI, the flow and its tasks each load the run's config: the check (which builds the loss to try its
+    hyperparameters) runs once; the dict the workers receive is not checked again."""
+    from infra import components as C
+    from infra.config import config_from_dict, config_to_dict
+
+    built, real = [], C.get_loss
+    monkeypatch.setattr(C, "get_loss", lambda name, **kw: built.append(name) or real(name, **kw))
+    overrides = {"loss.name": "dapo", "seed": 424242}  # a config no other test of this process loads
+    cfg = load_config("configs/grpo_math_tiny.yaml", overrides)
+    for _ in range(2):
+        assert load_config("configs/grpo_math_tiny.yaml", overrides) == cfg
+    assert built == ["dapo"]
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    assert built == ["dapo"]
+    with pytest.raises(ValueError, match="clip"):  # a bad value is still refused, every time it is loaded
+        load_config("configs/grpo_math_tiny.yaml", {**overrides, "loss.clip_low": -1.0})
