@@ -34,8 +34,8 @@ from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS
 from infra.progress import line_for_step
 from infra.records import RunRecords, dataset_fingerprint
 from tasks.context import RunContext, register_run, unregister_run
+from tasks.phases import TaskCalls, task_roles
 from tasks.recovery import restore_latest
-from tasks.roles import TaskCalls, task_roles
 from workers.pool import WorkerPool
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The role interfaces of a GRPO iteration. In-process components (forge_core.recipes.local) and the Prefect-task
-roles over worker clients (tasks/roles.py) both implement them, so one spine (forge_core.recipes.iteration) drives
+roles over worker clients (tasks/phases.py) both implement them, so one spine (forge_core.recipes.iteration) drives
 either.
 
 Every method takes the step it belongs to, so task names, logs and records agree on the numbering: step s trains
