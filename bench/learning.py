@@ -69,7 +69,7 @@ def main() -> None:
     rows, curves = [], {}
     for name in args.losses.split(","):
         cfg = load_config(args.config, {"steps": base.steps,
-                                        "loss": loss_section(name, float(base.loss.get("beta", 0.0)))})
+                                        "loss": loss_section(name, base.loss.beta)})
         model, tok = load_model_and_tokenizer(sft_path, seed=cfg.seed)
         before = held_out(cfg, model, tok, splits)
         t0 = time.perf_counter()

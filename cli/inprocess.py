@@ -16,7 +16,6 @@ from forge_core.generation import TorchGenerator
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
 from forge_core.recipes.grpo import GRPOLoop, GRPOSettings
 from forge_core.recipes.steps import evaluate
-from forge_core.rewards import CombinedReward
 from forge_core.training import Trainer
 from infra import components as C
 from infra.config import RunConfig, dump_config
@@ -38,9 +37,9 @@ def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
         ref_model, _ = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed)
         ref_model.load_state_dict(model.state_dict())
         ref_model.eval().requires_grad_(False)
-    reward = CombinedReward.from_config(cfg.rewards)
+    reward = C.build_reward(cfg)
     settings = GRPOSettings(steps=cfg.steps, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-                            seed=cfg.seed, advantage=dict(cfg.advantage), filter_groups=cfg.filter_groups,
+                            seed=cfg.seed, advantage=cfg.advantage.to_dict(), filter_groups=cfg.filter_groups,
                             eval_every=cfg.eval.every, eval_samples=cfg.eval.samples, sampling=params)
     loop = GRPOLoop(generator, trainer, reward, splits.train, splits.train_prompts, splits.eval, splits.eval_prompts,
                     settings, tok.pad_token_id, ref_model)
@@ -92,7 +91,7 @@ def run_main_job(cfg: RunConfig, run_name: str | None = None, show: bool = True)
     if history:
         rows = [{"step": 0, **before}] + history + [{"step": cfg.steps, **after}]
         summary["plot"] = str(plot_curves({run_name or run_id: rows}, out / "curves.png",
-                                          title=f"GRPO {cfg.loss['name']} on {cfg.dataset.kind}"))
+                                          title=f"GRPO {cfg.loss.name} on {cfg.dataset.kind}"))
     return summary
 
 

@@ -128,7 +128,7 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
     if rows:
         curves = [{"step": start, **before}] + rows + [{"step": cfg.steps, **after}]
         summary["plot"] = str(plot_curves({run_name or run_id: curves}, out / "curves.png",
-                                          title=f"GRPO {cfg.loss['name']} on {cfg.dataset.kind}"))
+                                          title=f"GRPO {cfg.loss.name} on {cfg.dataset.kind}"))
     summary["mlflow_run_id"] = records.mlflow_run_id
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     records.finish("completed", summary)

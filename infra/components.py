@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -11,7 +12,8 @@ import torch
 from forge_core.data import ArithSpec, build_template, load_hub_problems, load_problems, make_arith_problems
 from forge_core.data.problems import Problem
 from forge_core.generation import SamplingParams
-from forge_core.losses import get_loss
+from forge_core.losses import check_loss, get_loss
+from forge_core.rewards import CombinedReward
 from forge_core.schedule import Schedule
 from forge_core.training import TrainerSettings
 from infra.config import RunConfig
@@ -68,17 +70,38 @@ def build_splits(cfg: RunConfig, tokenizer) -> ProblemSplits:
 
 
 def sampling_params(cfg: RunConfig) -> SamplingParams:
-    g = cfg.generator
-    return SamplingParams(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, max_new_tokens=g.max_new_tokens)
+    """The generator section's sampling knobs as the SamplingParams they are declared in."""
+    return SamplingParams(**{f.name: getattr(cfg.generator, f.name) for f in dataclasses.fields(SamplingParams)})
+
+
+def reward_entries(cfg: RunConfig) -> list[dict]:
+    """The rewards section as CombinedReward entries ({name, weight, key?, **kwargs})."""
+    return [r.to_dict() for r in cfg.rewards]
+
+
+def build_reward(cfg: RunConfig) -> CombinedReward:
+    """The configured reward functions, weighted and summed."""
+    return CombinedReward.from_config(reward_entries(cfg))
+
+
+def loss_arguments(cfg: RunConfig) -> tuple[str, dict]:
+    """(loss.name, its hyperparameters), max_len filled from generator.max_new_tokens when the loss needs it."""
+    name, params = cfg.loss.name, dict(cfg.loss.params)
+    if name == "dr_grpo" or params.get("aggregation") == "seq-mean-token-sum-norm":
+        params.setdefault("max_len", cfg.generator.max_new_tokens)
+    return name, params
 
 
 def build_loss(cfg: RunConfig):
-    """The configured policy loss (max_len filled from generator.max_new_tokens when the loss needs it)."""
-    params = dict(cfg.loss)
-    name = params.pop("name")
-    if name == "dr_grpo" or params.get("aggregation") == "seq-mean-token-sum-norm":
-        params.setdefault("max_len", cfg.generator.max_new_tokens)
+    """The configured policy loss: built once, by the process that trains."""
+    name, params = loss_arguments(cfg)
     return get_loss(name, **params)
+
+
+def check_loss_config(cfg: RunConfig) -> None:
+    """The configured loss's name and hyperparameters, checked without building it (the controller's check)."""
+    name, params = loss_arguments(cfg)
+    check_loss(name, **params)
 
 
 def trainer_settings(cfg: RunConfig) -> TrainerSettings:
@@ -99,7 +122,7 @@ def sft_settings(cfg: RunConfig) -> TrainerSettings:
 def needs_reference(cfg: RunConfig) -> bool:
     """Whether a reference model is scored: `auto` means when loss.beta > 0."""
     if cfg.ref_model.enabled == "auto":
-        return float(cfg.loss.get("beta", 0.0) or 0.0) > 0
+        return cfg.loss.beta > 0
     return cfg.ref_model.enabled == "true"
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from forge_core.generation.sampling import SamplingParams
+
 
 @dataclass
 class ModelConfig:
@@ -44,14 +46,12 @@ class DatasetConfig:
 
 
 @dataclass
-class GeneratorConfig:
+class GeneratorConfig(SamplingParams):
+    """The sampling knobs (temperature, top_p, top_k, max_new_tokens) are SamplingParams' own, declared there once."""
+
     backend: str = "torch"  # torch | vllm
     procs: int = 1
     num_replicas: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 32
 
 
 @dataclass
@@ -141,6 +141,48 @@ class SlurmConfig:
 
 
 @dataclass
+class NamedSection:
+    """A component picked by name (a registered one, or a `module.path:attr`); every other key of the section is
+    the component's own hyperparameter and passes through by name in `params`."""
+
+    name: str
+    params: dict = field(default_factory=dict)
+    example: typing.ClassVar[str] = "grpo"  # a name for the error that says one is missing
+
+    def to_dict(self) -> dict:
+        """The section as written in YAML: its declared keys, then the component's own: {name: …, **params}."""
+        declared = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "params"}
+        return {**declared, **self.params}
+
+
+@dataclass
+class LossConfig(NamedSection):
+    """loss: {name: grpo | dr_grpo | dapo | gspo | cispo | sapo | reinforce | pkg.mod:Class, clip_low: …, beta: …}"""
+
+    name: str = "grpo"
+
+    @property
+    def beta(self) -> float:
+        """The KL coefficient (0 when the loss has none)."""
+        return float(self.params.get("beta", 0.0) or 0.0)
+
+
+@dataclass
+class AdvantageConfig(NamedSection):
+    """advantage: {name: grpo | dr_grpo | rloo, …}"""
+
+    name: str = "grpo"
+
+
+@dataclass
+class RewardFnConfig(NamedSection):
+    """One entry of rewards: {name: math | digits | thinking | pkg.mod:fn, weight: 1.0, key: …, …}"""
+
+    weight: float = 1.0
+    example: typing.ClassVar[str] = "math"
+
+
+@dataclass
 class TrackingConfig:
     mlflow_uri: str | None = None
     registry_url: str | None = None
@@ -158,9 +200,9 @@ class RunConfig:
     threads: int = 0  # torch threads for this process; 0 = all cores
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    loss: dict = field(default_factory=lambda: {"name": "grpo"})
-    advantage: dict = field(default_factory=lambda: {"name": "grpo"})
-    rewards: list = field(default_factory=lambda: [{"name": "math", "weight": 1.0}])
+    loss: LossConfig = field(default_factory=LossConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    rewards: list[RewardFnConfig] = field(default_factory=lambda: [RewardFnConfig("math")])
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -247,17 +289,31 @@ def from_dict(cls, data: dict, where: str, prefix: str = ""):
         raise ValueError(f"{where}: section {prefix.rstrip('.') or '<top>'} must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
+    named = issubclass(cls, NamedSection)
+    if named:
+        names.discard("params")
+        if "name" not in data:
+            section = prefix.rstrip(".")
+            raise ValueError(f"{where}: {section}.name is missing (e.g. {section}: {{name: {cls.example}}})")
+    kwargs, params = {}, {}
     for key, value in data.items():
         dotted = prefix + str(key)
         if key not in names:
+            if named:  # the component's own hyperparameter: checked when the component is built
+                params[key] = value
+                continue
             raise ValueError(f"{where}: unknown key {dotted!r}" + suggest(str(key), names))
         annotation = hints[key]
         if dataclasses.is_dataclass(annotation):
             kwargs[key] = from_dict(annotation, value or {}, where, dotted + ".")
+        elif typing.get_origin(annotation) is list and dataclasses.is_dataclass(typing.get_args(annotation)[0]):
+            item = typing.get_args(annotation)[0]
+            if not isinstance(value, list):
+                raise ValueError(f"{where}: {dotted} must be a list of mappings, got {value!r}")
+            kwargs[key] = [from_dict(item, v, where, f"{dotted}[{i}].") for i, v in enumerate(value)]
         else:
             kwargs[key] = coerce(value, annotation, f"{where}: {dotted}")
-    return cls(**kwargs)
+    return cls(**kwargs, params=params) if named else cls(**kwargs)
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -352,8 +408,21 @@ def redact_secrets(value: Any) -> Any:
 
 
 def config_to_dict(cfg: RunConfig) -> dict:
-    """Plain nested dict (YAML/JSON-serialisable) of a RunConfig."""
-    return dataclasses.asdict(cfg)
+    """Plain nested dict (YAML/JSON-serialisable) of a RunConfig, in the shape the YAML is written in (named
+    sections flat: {name: …, **params})."""
+    return to_plain(cfg)
+
+
+def to_plain(value: Any) -> Any:
+    if isinstance(value, NamedSection):
+        return {k: to_plain(v) for k, v in value.to_dict().items()}
+    if dataclasses.is_dataclass(value):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list):
+        return [to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    return value
 
 
 def dump_config(cfg: RunConfig, path: str | Path) -> Path:

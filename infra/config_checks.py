@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from infra.config import CHOICES, POSITIVE, RunConfig, flatten, read_config
+from infra.config import CHOICES, POSITIVE, RunConfig, config_to_dict, flatten, read_config
 
 _CHECKED: set[str] = set()  # the configs this process has checked (the CLI, the flow and its tasks load one again)
 
@@ -31,7 +31,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list
 
 def validate(cfg: RunConfig, where: str) -> RunConfig:
     """Cross-field checks: choices, positive counts, known loss and advantage names."""
-    flat = flatten(dataclasses.asdict(cfg))
+    flat = flatten(config_to_dict(cfg))
     for key, options in CHOICES.items():
         if str(flat[key]) not in options:
             raise ValueError(f"{where}: {key} = {flat[key]!r} is not one of {list(options)}")
@@ -45,12 +45,12 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
                          f"({cfg.sft.steps})")
     if cfg.trainer.lr <= 0:
         raise ValueError(f"{where}: trainer.lr must be > 0, got {cfg.trainer.lr}")
+    try:
+        cfg.generator.validate()  # the sampling knobs' own checks (SamplingParams)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
     if cfg.generator.temperature <= 0:
         raise ValueError(f"{where}: generator.temperature must be > 0 for RL sampling, got {cfg.generator.temperature}")
-    if "name" not in cfg.loss:
-        raise ValueError(f"{where}: loss.name is missing (e.g. loss: {{name: grpo}})")
-    if "name" not in cfg.advantage:
-        raise ValueError(f"{where}: advantage.name is missing (e.g. advantage: {{name: grpo}})")
     if cfg.dataset.kind in ("gsm8k", "math", "hub") and not cfg.dataset.path:
         raise ValueError(f"{where}: dataset.kind {cfg.dataset.kind!r} needs dataset.path")
     if cfg.group_size < 2:
@@ -127,17 +127,17 @@ def check_paths(cfg: RunConfig, where: str) -> None:
 
 
 def check_components(cfg: RunConfig, where: str) -> None:
-    """Build the loss, rewards and trainer settings once here, so a bad hyperparameter fails before any worker."""
+    """Check the loss (without building it), build the rewards and trainer settings, so a bad hyperparameter fails
+    before any worker starts."""
     from forge_core.advantages import ADVANTAGES
-    from forge_core.rewards import CombinedReward
     from infra import components as C
 
     try:
-        C.build_loss(cfg)
-        CombinedReward.from_config(cfg.rewards)
+        C.check_loss_config(cfg)
+        C.build_reward(cfg)
         if cfg.steps > 0:  # an SFT-only config never builds the GRPO trainer
             C.trainer_settings(cfg).validate()
-        if cfg.advantage["name"] not in ADVANTAGES:
-            raise ValueError(f"unknown advantage.name {cfg.advantage['name']!r}; choose one of {sorted(ADVANTAGES)}")
+        if cfg.advantage.name not in ADVANTAGES:
+            raise ValueError(f"unknown advantage.name {cfg.advantage.name!r}; choose one of {sorted(ADVANTAGES)}")
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc

@@ -80,7 +80,7 @@ class RunRecords:
                 tags = {"forgeflow.run_id": self.run_id, "forgeflow.recipe": self.recipe,
                         "forgeflow.code_version": code_version(), "prefect.flow_run_id": flow_run_id,
                         "forgeflow.sweep_id": sweep_id, "forgeflow.dataset": dataset,
-                        "forgeflow.loss": self.cfg.loss.get("name")}
+                        "forgeflow.loss": self.cfg.loss.name}
                 self.mlflow_run_id = self.tracker.start_run(name or self.run_id, config, tags, parent_mlflow_run_id)
                 repo.create_run(s, self.run_id, self.recipe, config, name, code_version=tags["forgeflow.code_version"],
                                 dataset_fingerprint=dataset, prefect_flow_run_id=flow_run_id,

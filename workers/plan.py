@@ -139,7 +139,7 @@ def render_plan(cfg: RunConfig, jobs: list[JobPlan], config_path: str, sft: bool
                  f"{cfg.sft.batch_size}, lr {cfg.sft.lr}, {dataset}")
         backends = f"  trainer backend {cfg.trainer.backend}{titan_layout(cfg)}"
     else:
-        title = (f"plan for {config_path}: {cfg.steps} GRPO steps ({cfg.loss['name']}), {cfg.prompts_per_step} "
+        title = (f"plan for {config_path}: {cfg.steps} GRPO steps ({cfg.loss.name}), {cfg.prompts_per_step} "
                  f"prompts x {cfg.group_size} samples, model {cfg.model.path} ({cfg.model.dtype}), {dataset}")
         backends = (f"  generator backend {cfg.generator.backend}, trainer backend {cfg.trainer.backend}"
                     f"{titan_layout(cfg)}, weight sync {cfg.weightsync.backend} every {cfg.weightsync.sync_every} "

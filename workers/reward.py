@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from forge_core.recipes import steps
-from forge_core.rewards import CombinedReward
 from forge_core.rewards.sandbox import TimeLimitedReward
 from forge_core.types import Group
+from infra import components as C
 from infra.config import RunConfig
 from workers.base import Worker
 
@@ -16,7 +16,7 @@ class RewardWorker(Worker):
     def __init__(self, cfg: RunConfig, store=None, init_path: str | None = None, threads: int | None = None):
         super().__init__(cfg, threads)
         limit = cfg.reward.timeout_s
-        self.reward = TimeLimitedReward(cfg.rewards, limit) if limit > 0 else CombinedReward.from_config(cfg.rewards)
+        self.reward = TimeLimitedReward(C.reward_entries(cfg), limit) if limit > 0 else C.build_reward(cfg)
 
     def score(self, groups: list[Group]) -> tuple[list[list[tuple[float, dict]]], dict[str, float]]:
         """Per-episode (reward, breakdown) for each group, and the reward/* metrics (incl. reward/timeouts)."""

@@ -58,8 +58,8 @@ class TrainerWorker(Worker):
         (`Schedule.syncs_at`). Returns loss/* metrics."""
         self._fan_out("train_step", groups, step)
         self.calls += 1
-        adv = dict(self.cfg.advantage)
-        episodes, metrics = steps.compute_advantages(groups, adv.pop("name"), self.cfg.filter_groups, **adv)
+        adv = self.cfg.advantage
+        episodes, metrics = steps.compute_advantages(groups, adv.name, self.cfg.filter_groups, **adv.params)
         dp_rank, dp_size = self._data_parallel_slice()
         mine = episodes[dp_rank::dp_size] if dp_size > 1 else episodes
         metrics.update(self._train(mine, total_episodes=len(episodes)))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplingParams:
     """temperature 0 = greedy. Reported logprobs are log_softmax(logits / temperature) of the sampled token
     (before top-k/top-p filtering), which is exactly what the trainer recomputes."""

@@ -8,6 +8,7 @@ from torch import nn
 
 from forge_core.imports import import_object
 from forge_core.losses.base import PolicyLoss
+from forge_core.losses.checks import check_hyperparameters
 from forge_core.losses.cispo import CISPOLoss
 from forge_core.losses.dapo import DAPOLoss
 from forge_core.losses.grpo import DrGRPOLoss, GRPOLoss, SimpleGRPOLoss
@@ -29,17 +30,27 @@ LOSSES: dict[str, Callable[..., nn.Module]] = {
     "sft": SFTLoss,
 }
 
-__all__ = ["LOSSES", "PolicyLoss", "get_loss", "import_object"] + [c.__name__ for c in LOSSES.values()]
+__all__ = ["LOSSES", "PolicyLoss", "check_loss", "get_loss", "import_object", "resolve_loss"] + [c.__name__ for c in LOSSES.values()]
+
+
+def resolve_loss(name: str) -> Callable[..., nn.Module]:
+    """The constructor behind loss `name`: a registered name or `module.path:ClassName`."""
+    if name in LOSSES:
+        return LOSSES[name]
+    if ":" in name:
+        return import_object(name, "loss.name")
+    raise ValueError(f"unknown loss.name {name!r}; choose one of {sorted(LOSSES)} or 'module.path:ClassName'")
+
+
+def check_loss(name: str, **hyperparams) -> None:
+    """Refuse an unknown loss, hyperparameter name or bad value without building the loss (the controller checks
+    a config; the trainer builds the loss once). A custom loss's values are its constructor's to check."""
+    check_hyperparameters(name, resolve_loss(name), hyperparams)
 
 
 def get_loss(name: str, **hyperparams) -> nn.Module:
     """Build a loss module by registered name or `module.path:ClassName` with the given hyperparameters."""
-    if name in LOSSES:
-        factory = LOSSES[name]
-    elif ":" in name:
-        factory = import_object(name, "loss.name")
-    else:
-        raise ValueError(f"unknown loss.name {name!r}; choose one of {sorted(LOSSES)} or 'module.path:ClassName'")
+    factory = resolve_loss(name)
     try:
         loss = factory(**hyperparams)
     except TypeError as exc:

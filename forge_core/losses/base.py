@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from forge_core.losses.checks import AGGREGATIONS, KL_ESTIMATORS, check_values
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -96,13 +95,7 @@ class PolicyLoss(nn.Module):
 
     def __init__(self, aggregation: str = "seq-mean-token-mean", max_len: int | None = None) -> None:
         super().__init__()
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"unknown loss.aggregation {aggregation!r}; choose one of {AGGREGATIONS}")
-        if aggregation == "seq-mean-token-sum-norm" and (max_len is None or max_len <= 0):
-            raise ValueError(
-                "aggregation 'seq-mean-token-sum-norm' needs a positive loss.max_len "
-                "(usually generator.max_new_tokens)"
-            )
+        check_values(aggregation=aggregation, max_len=max_len)
         self.aggregation = aggregation
         self.max_len = max_len
         self.metrics: dict[str, float] = {}

@@ -8,6 +8,6 @@ from forge_core.losses.grpo import GRPOLoss
 class DAPOLoss(GRPOLoss):
     """Clip-higher (0.2 / 0.28), token-level mean over the batch (normaliser = the batch's total token count)."""
 
-    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.28, beta: float = 0.0, **kwargs) -> None:
-        kwargs.setdefault("aggregation", "token-mean")
-        super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, **kwargs)
+    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.28, beta: float = 0.0,
+                 aggregation: str = "token-mean", **kwargs) -> None:
+        super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, aggregation=aggregation, **kwargs)

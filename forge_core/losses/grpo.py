@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from forge_core.losses.base import (
-    KL_ESTIMATORS,
     PolicyLoss,
     broadcast_advantages,
     check_shapes,
@@ -13,6 +12,7 @@ from forge_core.losses.base import (
     masked_fraction,
     ratio_metrics,
 )
+from forge_core.losses.checks import check_values
 
 
 class GRPOLoss(PolicyLoss):
@@ -29,12 +29,7 @@ class GRPOLoss(PolicyLoss):
         clip_ratio_c: float | None = None,
     ) -> None:
         super().__init__(aggregation, max_len)
-        if kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"unknown loss.kl_estimator {kl_estimator!r}; choose one of {KL_ESTIMATORS}")
-        if clip_low < 0 or clip_high < 0:
-            raise ValueError(f"loss.clip_low/clip_high must be >= 0; got {clip_low}, {clip_high}")
-        if clip_ratio_c is not None and clip_ratio_c <= 1.0:
-            raise ValueError(f"loss.clip_ratio_c must be > 1 (dual clip, e.g. 3.0); got {clip_ratio_c}")
+        check_values(kl_estimator=kl_estimator, clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c)
         self.clip_low, self.clip_high, self.beta = clip_low, clip_high, beta
         self.kl_estimator, self.clip_ratio_c = kl_estimator, clip_ratio_c
 
@@ -72,9 +67,8 @@ class GRPOLoss(PolicyLoss):
 class DrGRPOLoss(GRPOLoss):
     """Dr. GRPO: GRPO with token sums normalised by batch × max_len (no length bias)."""
 
-    def __init__(self, max_len: int | None = None, **kwargs) -> None:
-        kwargs.setdefault("aggregation", "seq-mean-token-sum-norm")
-        super().__init__(max_len=max_len, **kwargs)
+    def __init__(self, max_len: int | None = None, aggregation: str = "seq-mean-token-sum-norm", **kwargs) -> None:
+        super().__init__(max_len=max_len, aggregation=aggregation, **kwargs)
 
 
 class SimpleGRPOLoss(PolicyLoss):
@@ -83,8 +77,7 @@ class SimpleGRPOLoss(PolicyLoss):
     def __init__(self, beta: float = 0.1, kl_estimator: str = "k3", aggregation: str = "seq-mean-token-mean",
                  max_len: int | None = None) -> None:
         super().__init__(aggregation, max_len)
-        if kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"unknown loss.kl_estimator {kl_estimator!r}; choose one of {KL_ESTIMATORS}")
+        check_values(kl_estimator=kl_estimator)
         self.beta, self.kl_estimator = beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,

@@ -12,6 +12,7 @@ from forge_core.losses.base import (
     masked_fraction,
     ratio_metrics,
 )
+from forge_core.losses.checks import check_values
 
 
 class ReinforceLoss(PolicyLoss):
@@ -20,8 +21,7 @@ class ReinforceLoss(PolicyLoss):
     def __init__(self, clip_ratio: float | None = None, beta: float = 0.0, kl_estimator: str = "k3",
                  aggregation: str = "token-mean", max_len: int | None = None) -> None:
         super().__init__(aggregation, max_len)
-        if clip_ratio is not None and clip_ratio <= 0:
-            raise ValueError(f"loss.clip_ratio must be > 0 (e.g. 2.0) or null; got {clip_ratio}")
+        check_values(clip_ratio=clip_ratio, kl_estimator=kl_estimator)
         self.clip_ratio, self.beta, self.kl_estimator = clip_ratio, beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,

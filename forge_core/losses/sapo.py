@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from forge_core.losses.base import PolicyLoss, broadcast_advantages, check_shapes, log_ratio, ratio_metrics
+from forge_core.losses.checks import check_values
 
 
 class SAPOLoss(PolicyLoss):
@@ -13,8 +14,7 @@ class SAPOLoss(PolicyLoss):
     def __init__(self, tau_pos: float = 1.0, tau_neg: float = 1.05, beta: float = 0.0, kl_estimator: str = "k3",
                  aggregation: str = "seq-mean-token-mean", max_len: int | None = None) -> None:
         super().__init__(aggregation, max_len)
-        if tau_pos <= 0 or tau_neg <= 0:
-            raise ValueError(f"loss.tau_pos/tau_neg must be > 0; got {tau_pos}, {tau_neg}")
+        check_values(tau_pos=tau_pos, tau_neg=tau_neg, kl_estimator=kl_estimator)
         self.tau_pos, self.tau_neg, self.beta, self.kl_estimator = tau_pos, tau_neg, beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,

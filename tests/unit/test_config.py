@@ -20,14 +20,14 @@ def test_shipped_configs_load():
 def test_overrides_are_yaml_typed():
     cfg = load_config("configs/grpo_math_tiny.yaml",
                       ["--trainer.lr", "3e-5", "--loss.name=dapo", "--generator.procs", "2", "--filter_groups", "false"])
-    assert cfg.trainer.lr == 3e-5 and cfg.loss["name"] == "dapo" and cfg.generator.procs == 2
+    assert cfg.trainer.lr == 3e-5 and cfg.loss.name == "dapo" and cfg.generator.procs == 2
     assert cfg.filter_groups is False
-    assert cfg.loss["clip_high"] == 0.2  # the rest of the section is kept
+    assert cfg.loss.params["clip_high"] == 0.2  # the rest of the section is kept
 
 
 def test_dict_overrides():
     cfg = load_config(None, {"steps": 7, "loss.name": "gspo", "dataset.max_value": 9})
-    assert (cfg.steps, cfg.loss["name"], cfg.dataset.max_value) == (7, "gspo", 9)
+    assert (cfg.steps, cfg.loss.name, cfg.dataset.max_value) == (7, "gspo", 9)
 
 
 def test_unknown_key_names_file_and_suggests(tmp_path):
@@ -99,19 +99,44 @@ def test_passwords_in_urls_are_redacted_for_records():
 
 
 def test_a_config_is_checked_once_per_process_and_workers_take_it_as_checked(monkeypatch):
-    """The CLI, the flow and its tasks each load the run's config: the check (which builds the loss to try its
-    hyperparameters) runs once; the dict the workers receive is not checked again."""
+    """The CLI, the flow and its tasks each load the run's config: the check runs once and never builds the loss
+    (only the trainer does); the dict the workers receive is not checked again."""
     from infra import components as C
     from infra.config import config_from_dict, config_to_dict
 
-    built, real = [], C.get_loss
-    monkeypatch.setattr(C, "get_loss", lambda name, **kw: built.append(name) or real(name, **kw))
+    built, checked, real_get, real_check = [], [], C.get_loss, C.check_loss
+    monkeypatch.setattr(C, "get_loss", lambda name, **kw: built.append(name) or real_get(name, **kw))
+    monkeypatch.setattr(C, "check_loss", lambda name, **kw: checked.append(name) or real_check(name, **kw))
     overrides = {"loss.name": "dapo", "seed": 424242}  # a config no other test of this process loads
     cfg = load_config("configs/grpo_math_tiny.yaml", overrides)
     for _ in range(2):
         assert load_config("configs/grpo_math_tiny.yaml", overrides) == cfg
-    assert built == ["dapo"]
+    assert (checked, built) == (["dapo"], [])
     assert config_from_dict(config_to_dict(cfg)) == cfg
-    assert built == ["dapo"]
+    assert (checked, built) == (["dapo"], [])
+    assert C.build_loss(cfg).__class__.__name__ == "DAPOLoss" and built == ["dapo"]
     with pytest.raises(ValueError, match="clip"):  # a bad value is still refused, every time it is loaded
         load_config("configs/grpo_math_tiny.yaml", {**overrides, "loss.clip_low": -1.0})
+
+
+def test_named_sections_are_typed_and_round_trip_in_their_yaml_shape(tmp_path):
+    """loss / advantage / rewards are typed sections: a name plus the component's own hyperparameters by name; the
+    dumped config.yaml (what a resume and the workers read) has the shape the user wrote."""
+    import yaml
+
+    from infra.config import LossConfig, RewardFnConfig, config_from_dict, config_to_dict, dump_config
+
+    cfg = load_config("configs/grpo_math_tiny.yaml", {"loss.name": "dapo", "loss.clip_high": 0.28})
+    assert isinstance(cfg.loss, LossConfig) and cfg.loss.beta == 0.04
+    assert cfg.loss.to_dict() == {"name": "dapo", "clip_low": 0.2, "clip_high": 0.28, "beta": 0.04}
+    assert [(r.name, r.weight) for r in cfg.rewards] == [("math", 1.0), ("digits", 0.5)]
+    assert all(isinstance(r, RewardFnConfig) for r in cfg.rewards) and cfg.advantage.name == "grpo"
+    written = yaml.safe_load(dump_config(cfg, tmp_path / "config.yaml").read_text())
+    assert written["loss"] == {"name": "dapo", "clip_low": 0.2, "clip_high": 0.28, "beta": 0.04}
+    assert written["rewards"] == [{"name": "math", "weight": 1.0}, {"name": "digits", "weight": 0.5}]
+    assert load_config(tmp_path / "config.yaml") == cfg == config_from_dict(config_to_dict(cfg))
+    assert flatten(config_to_dict(cfg))["loss.clip_high"] == 0.28  # MLflow params keep their names
+    with pytest.raises(ValueError, match=r"loss.name is missing \(e.g. loss: \{name: grpo\}\)"):
+        load_config(write(tmp_path, "loss: {clip_low: 0.1}\n"))
+    with pytest.raises(ValueError, match=r"rewards\[1\].name is missing"):
+        load_config(None, {"rewards": [{"name": "math"}, {"weight": 2.0}]})
