@@ -1,7 +1,9 @@
 """WorkerPool: start every role's workers, wait until healthy, route calls, restart a role, shut all down.
 
     with WorkerPool(cfg, run_dir, init_path=sft_dir) as pool:
-        groups = pool.generator().call("rollout", problems, prompts, 8, seed)
+        groups = pool.call("generator", "rollout", problems, prompts, 8, seed)
+
+workers/remote.py puts the role interfaces of forge_core.protocols over a pool; tasks and tests go through those.
 """
 
 from __future__ import annotations

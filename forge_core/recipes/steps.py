@@ -1,6 +1,7 @@
 """The step functions of one GRPO iteration (rollout → reward → reference → advantages → train → sync).
 
-Both the in-process loop and the Prefect tasks call these; each takes the components it needs explicitly.
+The in-process roles (recipes/local.py) and the workers (workers/) call these; each takes the components it needs
+explicitly.
 """
 
 from __future__ import annotations

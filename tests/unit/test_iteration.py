@@ -1,0 +1,152 @@
+"""The iteration spine with recording roles: the order of the calls, the schedule's cadences, pipelining and the
+rollback path — what the in-process loop and the Prefect flow both rely on."""
+
+from __future__ import annotations
+
+import pytest
+
+from forge_core.protocols import (
+    GeneratorRole,
+    PolicyTrainer,
+    ReferenceScorer,
+    RewardScorer,
+    RolledBack,
+    StepRecorder,
+)
+from forge_core.recipes.iteration import Roles, run_grpo_steps, run_iteration
+from forge_core.recipes.local import ReadyBatch
+from forge_core.schedule import Schedule
+
+
+class Log(list):
+    def names(self, prefix: str = "") -> list[str]:
+        return [e for e in self if e.startswith(prefix)]
+
+
+class FakeGenerator:
+    def __init__(self, log: Log):
+        self.log = log
+
+    def rollout(self, step):
+        self.log.append(f"rollout {step}")
+        return [f"groups {step}"], {"rollout/step": float(step)}
+
+    def rollout_ahead(self, step):
+        self.log.append(f"ahead {step}")
+        return ReadyBatch(([f"groups {step}"], {"rollout/step": float(step)}))
+
+    def resume_ahead(self, step):
+        self.log.append(f"resume_ahead {step}")
+        return ReadyBatch(([f"groups {step}"], {"rollout/step": float(step)}))
+
+    def sync(self, version):
+        self.log.append(f"sync {version}")
+        return {}
+
+    def evaluate(self, version):
+        self.log.append(f"evaluate {version}")
+        return {"eval/accuracy": 0.5}
+
+
+class FakeScorer:
+    def __init__(self, log: Log, what: str):
+        self.log, self.what = log, what
+
+    def score(self, step, groups):
+        self.log.append(f"{self.what} {step}")
+        return groups, {f"{self.what}/x": 1.0}
+
+
+class FakeTrainer:
+    def __init__(self, log: Log, lose_at: dict | None = None):
+        self.log, self.lose_at = log, dict(lose_at or {})  # {("train"|"checkpoint", step): restored step}
+
+    def train(self, step, groups):
+        assert groups == [f"groups {step}"]  # the batch of this very step
+        if ("train", step) in self.lose_at:
+            raise RolledBack(self.lose_at.pop(("train", step)))
+        self.log.append(f"train {step}")
+        return {"loss/loss": 0.0}
+
+    def checkpoint(self, version, ahead):
+        if ("checkpoint", version) in self.lose_at:
+            raise RolledBack(self.lose_at.pop(("checkpoint", version)))
+        self.log.append(f"checkpoint {version}" + (" +ahead" if ahead is not None else ""))
+        return f"step-{version}"
+
+
+class FakeRecorder:
+    def __init__(self, log: Log):
+        self.log, self.steps = log, []
+
+    def step(self, version, metrics):
+        self.log.append(f"record {version}")
+        self.steps.append(version)
+
+    def checkpoint(self, version, path):
+        self.log.append(f"registered {path}")
+
+    def rollback(self, step):
+        self.log.append(f"rollback {step}")
+        self.steps = [s for s in self.steps if s <= step]
+
+
+def roles(log: Log, reference: bool = False, **trainer) -> Roles:
+    return Roles(FakeGenerator(log), FakeScorer(log, "reward"), FakeTrainer(log, **trainer),
+                 FakeScorer(log, "reference") if reference else None)
+
+
+def test_the_fakes_are_the_roles():
+    log = Log()
+    r = roles(log, reference=True)
+    assert isinstance(r.generator, GeneratorRole) and isinstance(r.reward, RewardScorer)
+    assert isinstance(r.reference, ReferenceScorer) and isinstance(r.trainer, PolicyTrainer)
+    assert isinstance(FakeRecorder(log), StepRecorder)
+
+
+def test_one_on_policy_iteration_in_order():
+    log = Log()
+    ahead = run_iteration(roles(log, reference=True), Schedule(steps=4, eval_every=2, checkpoint_every=2), 1, None,
+                          FakeRecorder(log))
+    assert ahead is None
+    assert log == ["rollout 1", "reward 1", "reference 1", "train 1", "sync 2", "evaluate 2", "record 2",
+                   "checkpoint 2", "registered step-2"]
+
+
+def test_the_schedule_spaces_syncs_evals_and_checkpoints():
+    log = Log()
+    schedule = Schedule(steps=6, sync_every=3, eval_every=2, checkpoint_every=3, max_policy_age=3)
+    recorder = FakeRecorder(log)
+    run_grpo_steps(roles(log), schedule, 0, recorder)
+    assert log.names("sync") == ["sync 2", "sync 3", "sync 4", "sync 6"]
+    assert log.names("evaluate") == ["evaluate 2", "evaluate 4", "evaluate 6"]
+    assert log.names("checkpoint") == ["checkpoint 3 +ahead", "checkpoint 6"]  # step 4's batch sampled ahead
+    assert recorder.steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_pipelined_rollouts_start_before_the_step_trains():
+    log = Log()
+    run_grpo_steps(roles(log), Schedule(steps=3, max_policy_age=1), 0, FakeRecorder(log))
+    assert log.names("rollout") == []  # every batch was started ahead
+    assert [e for e in log if e.split()[0] in ("resume_ahead", "ahead", "train")] == [
+        "resume_ahead 0", "ahead 1", "train 0", "ahead 2", "train 1", "train 2"]
+
+
+@pytest.mark.parametrize("where,step,restored", [("train", 3, 2), ("checkpoint", 4, 2)])
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_rolled_back_trainer_supersedes_the_later_steps_and_redoes_them(where, step, restored, pipelined):
+    log = Log()
+    schedule = Schedule(steps=6, checkpoint_every=2, max_policy_age=int(pipelined))
+    recorder = FakeRecorder(log)
+    run_grpo_steps(roles(log, lose_at={(where, step): restored}), schedule, 0, recorder)
+    assert f"rollback {restored}" in log
+    assert recorder.steps == [1, 2, 3, 4, 5, 6]  # each step once, after the rollback
+    assert log.names("train").count(f"train {restored}") == 2  # redone from the restored checkpoint
+    if pipelined:
+        assert log[log.index(f"rollback {restored}") + 1] == f"resume_ahead {restored}"
+
+
+def test_a_run_resumed_at_its_last_step_does_nothing():
+    log = Log()
+    run_grpo_steps(roles(log), Schedule(steps=3, max_policy_age=1), 3, FakeRecorder(log))
+    assert log == []
