@@ -68,7 +68,7 @@ class RemoteGenerator:
         t0 = time.perf_counter()
         groups = remote_rollout(self.pool, [self.splits.train[i] for i in idx],
                                 [self.splits.train_prompts[i] for i in idx], self.group_size,
-                                step_seed(self.seed, step), self.schedule.behaviour_version(step))
+                                step_seed(self.seed, step), self.behaviour_version(step))
         seconds = time.perf_counter() - t0
         metrics = rollout_metrics(groups)
         tokens = sum(len(e.completion.token_ids) for g in groups for e in g.episodes)
@@ -76,6 +76,10 @@ class RemoteGenerator:
         metrics.update({"rollout/tokens_per_s": tokens / max(seconds, 1e-9), "timing/rollout": seconds,
                         "rollout/policy_version": float(oldest), "rollout/policy_staleness": float(step - oldest)})
         return groups, metrics
+
+    def behaviour_version(self, step: int) -> int | None:
+        """The version step's rollout is pinned to (the uninterrupted run's; None: whatever the generators hold)."""
+        return self.schedule.behaviour_version(step)
 
     def rollout_ahead(self, step: int) -> ReadyBatch:
         return ReadyBatch(self.rollout(step))  # one caller, one connection: sampled now (tasks run it in a thread)

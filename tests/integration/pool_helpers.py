@@ -23,18 +23,24 @@ def tiny_splits(cfg):
 
 def run_pool_iteration(pool, splits, n: int, group_size: int, step: int) -> dict:
     """Step `step` of the iteration spine over the pool's workers on the first `n` training problems (all of them
-    each step), with the pool config's sync schedule and no evaluation or checkpoint; returns the step's metrics."""
+    each step), with the pool config's sync schedule and no evaluation or checkpoint; returns the step's metrics.
+    Rollouts sample with whatever the generators hold (the pool tests restart workers by hand, without the
+    recovery that would bring them to the schedule's version)."""
     import dataclasses
 
     from forge_core.recipes.iteration import Roles, run_iteration
     from forge_core.recipes.local import HistoryRecorder
     from workers.remote import RemoteGenerator, RemoteReferenceScorer, RemoteRewardScorer, RemoteTrainer
 
+    class UnpinnedGenerator(RemoteGenerator):
+        def behaviour_version(self, step: int) -> None:
+            return None
+
     cfg = pool.cfg
     schedule = dataclasses.replace(C.run_schedule(cfg), eval_every=0, checkpoint_every=0)
     part = C.ProblemSplits(splits.train[:n], splits.train_prompts[:n], splits.eval, splits.eval_prompts)
     reference = RemoteReferenceScorer(pool) if C.needs_reference(cfg) else None
-    roles = Roles(RemoteGenerator(pool, part, schedule, n, group_size, cfg.seed), RemoteRewardScorer(pool),
+    roles = Roles(UnpinnedGenerator(pool, part, schedule, n, group_size, cfg.seed), RemoteRewardScorer(pool),
                   RemoteTrainer(pool, pool.run_dir / "checkpoints"), reference)
     recorder = HistoryRecorder()
     run_iteration(roles, schedule, step, None, recorder)
