@@ -1,14 +1,22 @@
-"""The same GRPO pipeline for each of grpo, dapo, gspo, cispo, sapo from one shared SFT checkpoint.
+"""GRPO-family losses on- and off-policy from one shared, fully trained SFT checkpoint, with two seeds.
 
-Prints a table (loss, held-out greedy accuracy before/after, minutes), writes a PNG with the curves, and ends with
-`RESULT …` (each loss's accuracy gain; baseline = the shared SFT checkpoint measured in the same run).
+Tables (each loss × seed is one in-process GRPO run from the same SFT weights):
+  on-policy  one optimizer step per rollout batch (the baseline: ratio 1, no clip can engage)
+  mini4      trainer.mini_batches 4 (PPO: four optimizer steps per batch, clipped against the proximal policy)
+  age2       mini4 plus max_policy_age 2 (two rollouts in flight) with token-level TIS
+
+Prints, per table, held-out greedy accuracy before/after (± the eval's standard error), clip fraction, IS-weight
+stats and minutes; the on-policy baseline's accuracy at the same wall time; a PNG with the curves; and ends with
+`RESULT …`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -19,19 +27,25 @@ from forge_core.generation import TorchGenerator  # noqa: E402
 from forge_core.models import load_model_and_tokenizer  # noqa: E402
 from forge_core.recipes.steps import evaluate  # noqa: E402
 from infra import components as C  # noqa: E402
+from infra.config import parse_overrides  # noqa: E402
 from infra.config_checks import load_config  # noqa: E402
 from infra.paths import new_run_id, run_dir  # noqa: E402
 from infra.plots import plot_curves  # noqa: E402
 from infra.sft import sft_phase  # noqa: E402
 
 LOSSES = ("grpo", "dapo", "gspo", "cispo", "sapo")
-# each family with its published clip settings and the recipe's KL coefficient (SAPO has no KL term)
+# each family with its published clip settings (SAPO has no KL term)
 LOSS_SECTIONS = {
     "grpo": {"name": "grpo", "clip_low": 0.2, "clip_high": 0.2},
     "dapo": {"name": "dapo", "clip_low": 0.2, "clip_high": 0.28},
     "gspo": {"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4},
     "cispo": {"name": "cispo", "clip_high": 4.0},
     "sapo": {"name": "sapo"},
+}
+TABLES = {
+    "on-policy": {},
+    "mini4": {"trainer.mini_batches": 4},
+    "age2": {"trainer.mini_batches": 4, "max_policy_age": 2, "rollout_correction.mode": "tis"},
 }
 
 
@@ -44,52 +58,123 @@ def loss_section(name: str, beta: float) -> dict:
 
 def held_out(cfg, model, tok, splits) -> dict:
     gen = TorchGenerator(model, tok, C.sampling_params(cfg))
-    return evaluate(gen, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens,
-                    samples=cfg.eval.samples, temperature=cfg.generator.temperature, seed=cfg.seed)
+    return evaluate(gen, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens, seed=cfg.seed)
+
+
+def std_error(p: float, n: int) -> float:
+    """Standard error of an accuracy p measured on n held-out prompts."""
+    return math.sqrt(max(p * (1 - p), 0.0) / max(n, 1))
+
+
+def mean_of(history: list[dict], *keys: str) -> float | None:
+    """Mean over the steps of the sum of `keys` (None when no step has them)."""
+    values = [sum(r[k] for k in keys if k in r) for r in history if any(k in r for k in keys)]
+    return statistics.fmean(values) if values else None
+
+
+def accuracy_at(curve: list[dict], minutes: float) -> float:
+    """Held-out accuracy of a run at `minutes` of its wall time (the last eval at or before it)."""
+    points = [r for r in curve if "eval/accuracy" in r and r["minutes"] <= minutes + 1e-9]
+    return points[-1]["eval/accuracy"]
+
+
+def run_one(args, base, splits, sft_path: str, table: str, loss: str, seed: int) -> tuple[dict, list[dict]]:
+    """One GRPO run from the shared SFT weights; (its table row, its curve with wall minutes per point)."""
+    overrides = {"steps": base.steps, "seed": seed, "loss": loss_section(loss, base.loss.beta), **TABLES[table]}
+    cfg = load_config(args.config, {**args.overrides, **overrides})
+    model, tok = load_model_and_tokenizer(sft_path, seed=cfg.seed)
+    before = held_out(cfg, model, tok, splits)
+    t0 = time.perf_counter()
+    history = grpo_phase(cfg, model, tok, splits, show=False)
+    minutes = (time.perf_counter() - t0) / 60
+    after = held_out(cfg, model, tok, splits)
+    seconds = 0.0
+    for row in history:  # wall time of each step's end, from its timing
+        seconds += row.get("timing/step", 0.0)
+        row["minutes"] = seconds / 60
+    curve = [{"step": 0, "minutes": 0.0, **before}] + history + [{"step": cfg.steps, "minutes": minutes, **after}]
+    n = len(splits.eval)
+    row = {"table": table, "loss": loss, "seed": seed, "acc_before": before["eval/accuracy"],
+           "acc_after": after["eval/accuracy"], "stderr": std_error(after["eval/accuracy"], n), "minutes": minutes,
+           "clip_frac": mean_of(history, "loss/clip_frac_low", "loss/clip_frac_high"),
+           "clip_frac_max": mean_of(history, "loss/clip_frac_low_max", "loss/clip_frac_high_max"),
+           "is_weight_mean": mean_of(history, "rollout/is_weight_mean"),
+           "is_weight_max": mean_of(history, "rollout/is_weight_max"),
+           "behaviour_kl": mean_of(history, "rollout/behaviour_kl_k3"),
+           "staleness": mean_of(history, "rollout/policy_staleness"), "n_eval": n}
+    print(f"[{table} {loss} seed {seed}] {row['acc_before']:.3f} -> {row['acc_after']:.3f} "
+          f"(±{row['stderr']:.3f}) in {minutes:.1f} min, clip {row['clip_frac'] or 0:.4f}", flush=True)
+    return row, curve
+
+
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_tables(rows: list[dict], baseline: dict[int, list[dict]]) -> None:
+    for table in dict.fromkeys(r["table"] for r in rows):
+        print(f"\n## {table}")
+        print(f"{'loss':<6} {'seed':>4} {'before':>7} {'after':>7} {'±se':>6} {'gain':>7} {'base@t':>7} "
+              f"{'clip':>7} {'clipmax':>7} {'w mean':>7} {'w max':>7} {'kl b/p':>8} {'age':>4} {'min':>5}")
+        for r in (r for r in rows if r["table"] == table):
+            at = accuracy_at(baseline[r["seed"]], r["minutes"]) if r["seed"] in baseline else None
+            r["baseline_at_same_time"] = at
+            print(f"{r['loss']:<6} {r['seed']:>4} {r['acc_before']:>7.3f} {r['acc_after']:>7.3f} {r['stderr']:>6.3f} "
+                  f"{r['acc_after'] - r['acc_before']:>+7.3f} {fmt(at, '>7.3f')} {fmt(r['clip_frac'], '>7.4f')} "
+                  f"{fmt(r['clip_frac_max'], '>7.4f')} {fmt(r['is_weight_mean'], '>7.3f')} "
+                  f"{fmt(r['is_weight_max'], '>7.3f')} {fmt(r['behaviour_kl'], '>8.2e')} "
+                  f"{fmt(r['staleness'], '>4.1f')} {r['minutes']:>5.1f}")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/grpo_math_tiny.yaml")
     parser.add_argument("--sft-init", default=None, help="reuse an SFT checkpoint instead of training one")
     parser.add_argument("--losses", default=",".join(LOSSES))
-    parser.add_argument("--steps", type=int, default=None, help="GRPO steps per loss (default: the config's)")
+    parser.add_argument("--baseline-losses", default="grpo", help="losses of the on-policy table")
+    parser.add_argument("--tables", default="on-policy,mini4,age2")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: the config's)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every run (YAML-typed), e.g. --set trainer.lr=2e-5")
     args = parser.parse_args()
     quiet_libraries()
+    args.overrides = parse_overrides([f"--{item}" for item in args.set])
     out = run_dir("bench-learning-" + new_run_id())
-    base = load_config(args.config, {"steps": args.steps} if args.steps else None)
+    base = load_config(args.config, {**args.overrides, **({"steps": args.steps} if args.steps else {})})
     C.configure_threads(base)
     model, tok = load_model_and_tokenizer(args.sft_init or base.model.path, seed=base.seed)
     splits = C.build_splits(base, tok)
     sft_path = args.sft_init
-    if sft_path is None:
+    if sft_path is None:  # trained to the end of its schedule: the honest baseline
         t0 = time.perf_counter()
         sft_path = str(sft_phase(base, model, tok, splits, out, show=True))
-        print(f"shared SFT checkpoint {sft_path} in {(time.perf_counter() - t0) / 60:.1f} min")
-    rows, curves = [], {}
-    for name in args.losses.split(","):
-        cfg = load_config(args.config, {"steps": base.steps,
-                                        "loss": loss_section(name, base.loss.beta)})
-        model, tok = load_model_and_tokenizer(sft_path, seed=cfg.seed)
-        before = held_out(cfg, model, tok, splits)
-        t0 = time.perf_counter()
-        history = grpo_phase(cfg, model, tok, splits, show=True)
-        minutes = (time.perf_counter() - t0) / 60
-        after = held_out(cfg, model, tok, splits)
-        curves[name] = [{"step": 0, **before}] + history + [{"step": cfg.steps, **after}]
-        rows.append({"loss": name, "acc_before": before["eval/accuracy"], "acc_after": after["eval/accuracy"],
-                     "sampled_before": before.get("eval/sampled_accuracy"),
-                     "sampled_after": after.get("eval/sampled_accuracy"), "minutes": minutes})
-    png = plot_curves(curves, out / "learning.png", keys=("reward/mean", "eval/accuracy"),
-                      title=f"GRPO-family losses from one SFT checkpoint ({base.steps} steps)")
-    (out / "learning.json").write_text(json.dumps(rows, indent=2))
-    print(f"\n{'loss':<8} {'acc before':>10} {'acc after':>10} {'gain':>7} {'minutes':>8}")
-    for r in rows:
-        gain = r["acc_after"] - r["acc_before"]
-        print(f"{r['loss']:<8} {r['acc_before']:>10.3f} {r['acc_after']:>10.3f} {gain:>+7.3f} {r['minutes']:>8.1f}")
-    print(f"plot: {png}")
-    print("RESULT " + " ".join(f"{r['loss']}_gain={r['acc_after'] - r['acc_before']:+.3f}" for r in rows)
-          + f" baseline_acc={rows[0]['acc_before']:.3f}")
+        print(f"shared SFT checkpoint {sft_path} ({base.sft.steps} steps of a {base.sft.schedule_steps or base.sft.steps}"
+              f"-step schedule) in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    rows, curves, baseline = [], {}, {}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for table in args.tables.split(","):
+        losses = args.baseline_losses if table == "on-policy" else args.losses
+        for loss in losses.split(","):
+            for seed in seeds:
+                row, curve = run_one(args, base, splits, sft_path, table, loss, seed)
+                rows.append(row)
+                curves[f"{table} {loss} s{seed}"] = curve
+                if table == "on-policy" and loss == args.baseline_losses.split(",")[0]:
+                    baseline[seed] = curve
+    print_tables(rows, baseline)
+    png = plot_curves(curves, out / "learning.png", keys=("reward/mean", "eval/accuracy", "loss/clip_frac_high"),
+                      title=f"GRPO-family losses on/off-policy from one SFT checkpoint ({base.steps} steps)")
+    (out / "learning.json").write_text(json.dumps({"rows": rows, "sft": sft_path}, indent=2))
+    print(f"plot: {png}\nrows: {out / 'learning.json'}")
+    best = max((r for r in rows if r["table"] != "on-policy"), key=lambda r: r["acc_after"], default=None)
+    base_rows = [r for r in rows if r["table"] == "on-policy"]
+    parts = [f"sft_acc={rows[0]['acc_before']:.3f}"]
+    if base_rows:
+        parts.append(f"on_policy_after={statistics.fmean(r['acc_after'] for r in base_rows):.3f}")
+    if best:
+        parts.append(f"best={best['table']}:{best['loss']}:s{best['seed']} best_after={best['acc_after']:.3f}")
+    print("RESULT " + " ".join(parts))
 
 
 if __name__ == "__main__":

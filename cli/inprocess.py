@@ -40,7 +40,8 @@ def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
     reward = C.build_reward(cfg)
     settings = GRPOSettings(steps=cfg.steps, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
                             seed=cfg.seed, advantage=cfg.advantage.to_dict(), filter_groups=cfg.filter_groups,
-                            eval_every=cfg.eval.every, eval_samples=cfg.eval.samples, sampling=params)
+                            fill_rounds=cfg.fill_rounds, eval_every=cfg.eval.every, eval_samples=cfg.eval.samples,
+                            sampling=params, max_policy_age=cfg.max_policy_age, correction=cfg.rollout_correction)
     loop = GRPOLoop(generator, trainer, reward, splits.train, splits.train_prompts, splits.eval, splits.eval_prompts,
                     settings, tok.pad_token_id, ref_model)
     bar = tqdm(total=cfg.steps, desc="grpo", disable=not show, dynamic_ncols=True)

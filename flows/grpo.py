@@ -99,7 +99,8 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             ctx = RunContext(run_id, cfg, pool, splits, out, records=records)
             register_run(ctx)
             calls = TaskCalls()
-            roles = task_roles(run_id, ctx.checkpoint_dir, C.needs_reference(cfg), calls)
+            roles = task_roles(run_id, ctx.checkpoint_dir, C.needs_reference(cfg), calls,
+                               scored_in_rollout=ctx.roles.generator.refills)
             try:
                 start, ckpt = restore_latest(ctx)
                 records.resume_at(start, ckpt)

@@ -8,6 +8,7 @@ version s into s + 1; `version` arguments are the 1-based versions the Schedule 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from forge_core.types import Group
@@ -21,6 +22,16 @@ class RolledBack(Exception):  # noqa: N818 - a signal to the driver, not an erro
     def __init__(self, step: int) -> None:
         super().__init__(f"trainer restored to step {step}")
         self.step = step
+
+
+@dataclass
+class ReadyBatch:
+    """A rollout already sampled, where a running one could be."""
+
+    value: Batch
+
+    def result(self) -> Batch:
+        return self.value
 
 
 @runtime_checkable
@@ -40,8 +51,9 @@ class GeneratorRole(Protocol):
         """Start step's rollout now (while the previous step trains)."""
         ...
 
-    def resume_ahead(self, step: int) -> PendingBatch:
-        """The ahead rollout of the first step after a (re)start: a batch saved with its checkpoint, if any."""
+    def resume_ahead(self, step: int, count: int) -> list[PendingBatch]:
+        """The ahead rollouts of steps step … step + count - 1 after a (re)start: the batches saved with the
+        checkpoint at `step`, if any, else new rollouts of them."""
         ...
 
     def sync(self, version: int) -> dict[str, float]: ...
@@ -69,7 +81,9 @@ class PolicyTrainer(Protocol):
 
     def train(self, step: int, groups: list[Group]) -> dict[str, float]: ...
 
-    def checkpoint(self, version: int, ahead: PendingBatch | None) -> str: ...
+    def checkpoint(self, version: int, ahead: list[PendingBatch]) -> str:
+        """Save the trainer at `version` with the batches sampled ahead (steps version, version + 1, …)."""
+        ...
 
 
 @runtime_checkable

@@ -18,16 +18,33 @@ class Schedule:
     sync_every: int = 1  # the generators load every N-th version (plus every eval, checkpoint and the last one)
     eval_every: int = 0  # 0: no evaluation during training
     checkpoint_every: int = 0  # 0: no checkpoints during training
-    max_policy_age: int = 0  # 0: strictly on-policy; >= 1: step s+1 is sampled while step s trains
+    max_policy_age: int = 0  # 0: strictly on-policy; N >= 1: a batch may be sampled by a version up to N old
+
+    @property
+    def lookahead(self) -> int:
+        """How many rollouts run ahead of the trainer: step s starts the rollout of s + lookahead, sampled with the
+        newest weights the generators hold (at most sync_every - 1 versions behind s), so a batch is at most
+        lookahead + sync_every - 1 = max_policy_age versions old when it trains. 0: on-policy."""
+        if self.max_policy_age < 1:
+            return 0
+        return max(1, self.max_policy_age - self.sync_every + 1)
 
     @property
     def pipelined(self) -> bool:
-        """Whether the rollout of step s + 1 runs while step s trains."""
-        return self.max_policy_age >= 1
+        """Whether rollouts of later steps run while a step trains."""
+        return self.lookahead >= 1
 
     def samples_ahead(self, step: int) -> bool:
-        """Whether step `step` starts the rollout of step + 1 before it trains."""
-        return self.pipelined and step + 1 < self.steps
+        """Whether step `step` starts the rollout of step + lookahead before it trains."""
+        return self.pipelined and step + self.lookahead < self.steps
+
+    def ahead_at(self, step: int) -> int:
+        """How many batches are in flight when step `step` begins (those of step, step + 1, …)."""
+        return max(0, min(self.lookahead, self.steps - step))
+
+    def oldest_allowed(self, step: int) -> int:
+        """The oldest behaviour version step `step` trains on; older batches are dropped and sampled again."""
+        return step - self.max_policy_age
 
     def evaluates_at(self, version: int) -> bool:
         """Whether the generators are evaluated once they hold `version`."""
@@ -53,7 +70,7 @@ class Schedule:
         return max(version, 0)
 
     def behaviour_version(self, step: int) -> int:
-        """The version step `step`'s rollout samples with in the uninterrupted run: the newest one synced by `step`
-        on-policy, by step - 1 pipelined (sampled while step - 1 trains). Pinning it makes a recovered run sample
-        exactly as an uninterrupted one."""
-        return self.last_sync_at(max(step - 1, 0) if self.pipelined else step)
+        """The version step `step`'s rollout samples with in the uninterrupted run: the newest one synced by
+        `step - lookahead` (sampled while that step trains; on-policy: by `step`). Pinning it makes a recovered
+        run sample exactly as an uninterrupted one."""
+        return self.last_sync_at(max(step - self.lookahead, 0))

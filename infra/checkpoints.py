@@ -90,9 +90,9 @@ def latest_good_checkpoint(checkpoint_dir: Path) -> Path | None:
     return None
 
 
-def load_inflight(checkpoint_dir: Path, step: int):
-    """The batch saved with the checkpoint at `step` (sampled ahead, pipelined), or None when there is none or it
-    does not match its marker's sha256."""
+def load_inflight(checkpoint_dir: Path, step: int) -> list | None:
+    """The batches of steps step, step+1, … saved with the checkpoint at `step` (sampled ahead, pipelined), or
+    None when there are none or they do not match their marker's sha256."""
     path = step_dir(checkpoint_dir, step)
     saved = path / INFLIGHT
     if step <= 0 or not saved.exists():
@@ -102,5 +102,7 @@ def load_inflight(checkpoint_dir: Path, step: int):
         return None
     import torch
 
-    log.info("step %d: training on the batch saved with its checkpoint (sampled ahead)", step)
-    return torch.load(saved, weights_only=False)
+    batches = torch.load(saved, weights_only=False)
+    batches = [batches] if isinstance(batches, tuple) else batches  # a checkpoint from before max_policy_age > 1
+    log.info("step %d: training on the %d batch(es) saved with its checkpoint (sampled ahead)", step, len(batches))
+    return batches

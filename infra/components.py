@@ -105,11 +105,15 @@ def check_loss_config(cfg: RunConfig) -> None:
 
 
 def trainer_settings(cfg: RunConfig) -> TrainerSettings:
+    """The GRPO trainer's settings; warmup_steps and the schedule count RL steps (each makes mini_batches × epochs
+    optimizer steps, which is what the optimizer's schedule counts)."""
     t = cfg.trainer
+    per_step = t.mini_batches * t.epochs
     return TrainerSettings(lr=t.lr, weight_decay=t.weight_decay, max_norm=t.max_norm,
-                           micro_batch_size=t.micro_batch_size, warmup_steps=t.warmup_steps, schedule=t.schedule,
-                           total_steps=cfg.steps, min_lr_ratio=t.min_lr_ratio, entropy_coef=t.entropy_coef,
-                           temperature=cfg.generator.temperature)
+                           micro_batch_size=t.micro_batch_size, warmup_steps=t.warmup_steps * per_step,
+                           schedule=t.schedule, total_steps=cfg.steps * per_step, min_lr_ratio=t.min_lr_ratio,
+                           entropy_coef=t.entropy_coef, temperature=cfg.generator.temperature,
+                           mini_batches=t.mini_batches, epochs=t.epochs)
 
 
 def sft_settings(cfg: RunConfig) -> TrainerSettings:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from forge_core.generation.sampling import SamplingParams
+from forge_core.training.correction import LEVELS, MODES, RolloutCorrection
 
 
 @dataclass
@@ -71,6 +72,8 @@ class TrainerConfig:
     min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     entropy_coef: float = 0.0
+    mini_batches: int = 1  # optimizer steps per rollout batch (PPO mini-batches; each normalised over its tokens)
+    epochs: int = 1  # passes over the rollout batch
 
 
 @dataclass
@@ -81,6 +84,7 @@ class SFTConfig:
     warmup_steps: int = 20
     schedule_steps: int = 0  # cosine horizon; > steps stops SFT before the lr reaches 0 (0 = steps)
     response: str = "target"  # target | solution
+    examples: int = 0  # labelled examples SFT learns from: the first N training problems (0 = all of them)
     init: str | None = None  # start GRPO from this checkpoint directory instead of running SFT
 
 
@@ -197,6 +201,7 @@ class RunConfig:
     group_size: int = 8
     max_policy_age: int = 0
     filter_groups: bool = False  # DAPO dynamic sampling: drop groups whose rewards are all equal
+    fill_rounds: int = 1  # with filter_groups: sampling rounds that refill the dropped groups (1: no refill)
     threads: int = 0  # torch threads for this process; 0 = all cores
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -215,6 +220,7 @@ class RunConfig:
     weightsync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
 
 
 CHOICES = {
@@ -231,11 +237,13 @@ CHOICES = {
     "launcher": ("local", "slurm", "inline"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "weightsync.backend": ("fs", "torchstore", "broadcast"),
+    "rollout_correction.mode": MODES,
+    "rollout_correction.level": LEVELS,
 }
 POSITIVE = ("prompts_per_step", "group_size", "generator.max_new_tokens", "trainer.micro_batch_size",
             "generator.procs", "generator.num_replicas", "trainer.procs", "eval.num_prompts",
             "ref_model.procs", "reward.num_replicas", "workers.threads", "weightsync.keep",
-            "weightsync.sync_every", "slurm.nodes")
+            "weightsync.sync_every", "slurm.nodes", "trainer.mini_batches", "trainer.epochs", "fill_rounds")
 
 
 def suggest(key: str, options) -> str:
@@ -382,7 +390,17 @@ def read_config(path: str | Path | None = None, overrides: dict[str, Any] | list
     if overrides:
         data = apply_overrides(data, overrides)
         where += " + overrides"
-    return from_dict(RunConfig, data, where)
+    return from_dict(RunConfig, imply_paired_names(data), where)
+
+
+def imply_paired_names(data: dict) -> dict:
+    """Names that follow from others when not set: `loss.name: dr_grpo` means mean-only (dr_grpo) advantages
+    unless advantage.name says otherwise (std-normalised advantages would bring back the bias Dr. GRPO removes)."""
+    loss, advantage = data.get("loss"), data.get("advantage")
+    if isinstance(loss, dict) and loss.get("name") == "dr_grpo" and not (isinstance(advantage, dict)
+                                                                          and "name" in advantage):
+        data = {**data, "advantage": {**(advantage or {}), "name": "dr_grpo"}}
+    return data
 
 
 def config_from_dict(data: dict, where: str = "config dict") -> RunConfig:

@@ -40,6 +40,8 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
             raise ValueError(f"{where}: {key} must be >= 1, got {flat[key]}")
     if cfg.steps < 0 or cfg.sft.steps < 0:
         raise ValueError(f"{where}: steps and sft.steps must be >= 0 (0 skips the phase)")
+    if cfg.sft.examples < 0:
+        raise ValueError(f"{where}: sft.examples must be >= 0 (0: every training problem), got {cfg.sft.examples}")
     if cfg.sft.schedule_steps and cfg.sft.schedule_steps < cfg.sft.steps:
         raise ValueError(f"{where}: sft.schedule_steps ({cfg.sft.schedule_steps}) must be 0 or >= sft.steps "
                          f"({cfg.sft.steps})")
@@ -69,9 +71,33 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
         raise ValueError(f"{where}: weightsync.sync_every = {every} lets rollouts lag up to {every} versions behind "
                          f"(sampled ahead while the previous step trains); set max_policy_age >= {every} to accept "
                          "that (the loss corrects with behaviour logprobs)")
+    check_policy_update(cfg, where)
     check_paths(cfg, where)
     check_components(cfg, where)
     return cfg
+
+
+def check_policy_update(cfg: RunConfig, where: str) -> None:
+    """Mini-batches that fit the batch, a sane rollout correction, and what pipeline stages cannot do yet."""
+    t, rc = cfg.trainer, cfg.rollout_correction
+    sequences = cfg.prompts_per_step * cfg.group_size
+    dp = data_parallel_degree(cfg)
+    if t.mini_batches * dp > sequences:
+        raise ValueError(f"{where}: trainer.mini_batches = {t.mini_batches} is larger than the "
+                         f"{sequences // dp} sequences each of the trainer's {dp} data-parallel slice(s) gets "
+                         f"(prompts_per_step × group_size = {sequences}); set trainer.mini_batches <= {sequences // dp}")
+    try:
+        rc.validate()
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    if t.backend == "titan" and t.pipeline_parallel_degree > 1 and (t.mini_batches * t.epochs > 1 or rc.enabled):
+        raise ValueError(f"{where}: trainer.pipeline_parallel_degree {t.pipeline_parallel_degree} trains one "
+                         "optimizer step per batch and cannot score the proximal policy yet: set trainer.mini_batches "
+                         "and trainer.epochs to 1 and rollout_correction.mode: none, or use FSDP "
+                         "(pipeline_parallel_degree: 1)")
+    if cfg.fill_rounds > 1 and not cfg.filter_groups:
+        raise ValueError(f"{where}: fill_rounds = {cfg.fill_rounds} refills the groups filter_groups drops; set "
+                         "filter_groups: true (or fill_rounds: 1)")
 
 
 def check_trainer_layout(cfg: RunConfig, where: str) -> None:
@@ -110,6 +136,17 @@ def check_sft_batch(cfg: RunConfig, where: str) -> None:
                          f"{dp} data-parallel slices (trainer.procs); set sft.batch_size >= {dp}")
 
 
+def check_correction_fits_loss(cfg: RunConfig) -> None:
+    """TIS hands the loss per-token weights: a loss whose forward does not name token_weights would drop them."""
+    from forge_core.losses import resolve_loss
+    from forge_core.training.update import accepts_token_weights
+
+    if cfg.rollout_correction.mode == "tis" and not accepts_token_weights(resolve_loss(cfg.loss.name)):
+        raise ValueError(f"rollout_correction.mode tis needs a loss whose forward takes token_weights, and "
+                         f"loss.name {cfg.loss.name!r} does not: add `token_weights=None` to its forward (multiply "
+                         "each token's policy-gradient term by it) or use rollout_correction.mode: mis")
+
+
 def looks_local(path: str) -> bool:
     """A filesystem path rather than a hub id ('org/name') or a tiny preset."""
     return path.startswith(("/", "./", "../", "~")) or Path(path).suffix in (".jsonl", ".json", ".parquet")
@@ -134,6 +171,7 @@ def check_components(cfg: RunConfig, where: str) -> None:
 
     try:
         C.check_loss_config(cfg)
+        check_correction_fits_loss(cfg)
         C.build_reward(cfg)
         if cfg.steps > 0:  # an SFT-only config never builds the GRPO trainer
             C.trainer_settings(cfg).validate()

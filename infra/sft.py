@@ -31,7 +31,9 @@ def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool) -> Path
 def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool) -> None:
     """cfg.sft.steps SFT steps of `trainer` (a Trainer, or the trainer worker behind the same interface) on the
     training split's answers, with a progress bar."""
-    examples = make_sft_examples(splits.train, splits.train_prompts, tok, cfg.sft.response)
+    # RL with verifiable rewards as used in practice: SFT on a small labelled subset, RL on every prompt
+    n = cfg.sft.examples or len(splits.train)
+    examples = make_sft_examples(splits.train[:n], splits.train_prompts[:n], tok, cfg.sft.response)
     bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not show, dynamic_ncols=True)
 
     def on_step(step, metrics):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge_core.recipes.iteration import Roles
+from forge_core.recipes.local import ScoredDuringRollout
 from infra import checkpoints as ckpt
 from infra.components import ProblemSplits, needs_reference, run_schedule
 from infra.config import RunConfig
@@ -23,11 +24,13 @@ log = logging.getLogger(__name__)
 def remote_roles(pool: WorkerPool, splits: ProblemSplits, checkpoint_dir: Path) -> Roles:
     """The role Protocols over the pool's workers, configured by its run config."""
     cfg = pool.cfg
+    reward = RemoteRewardScorer(pool)
     generator = RemoteGenerator(pool, splits, run_schedule(cfg), cfg.prompts_per_step, cfg.group_size, cfg.seed,
-                                cfg.eval.samples)
+                                cfg.eval.samples, fill_rounds=cfg.fill_rounds if cfg.filter_groups else 1,
+                                reward=reward)
     reference = RemoteReferenceScorer(pool) if needs_reference(cfg) else None
     trainer = RemoteTrainer(pool, checkpoint_dir, cfg.seed, cfg.checkpoint.keep)
-    return Roles(generator, RemoteRewardScorer(pool), trainer, reference)
+    return Roles(generator, ScoredDuringRollout() if generator.refills else reward, trainer, reference)
 
 
 @dataclass

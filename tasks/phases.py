@@ -18,9 +18,9 @@ from prefect import task
 from prefect.cache_policies import NONE
 from prefect.utilities.annotations import quote
 
-from forge_core.protocols import Batch, PendingBatch, RolledBack
+from forge_core.protocols import Batch, PendingBatch, ReadyBatch, RolledBack
 from forge_core.recipes.iteration import Roles
-from forge_core.recipes.local import ReadyBatch
+from forge_core.recipes.local import ScoredDuringRollout
 from infra import checkpoints as ckpt
 from tasks.context import get_run
 from tasks.recovery import retry_on_worker_lost
@@ -70,11 +70,11 @@ def evaluate(run_id: str, step: int) -> dict:
 
 
 @task(name="checkpoint", task_run_name="checkpoint-{step}", timeout_seconds=1800, **PHASE)
-def checkpoint(run_id: str, step: int, inflight: tuple | None = None) -> dict:
-    """Trainer state + HF weights to checkpoints/step-N (infra.checkpoints); `inflight`: step N's batch when it
-    was sampled ahead. {"path": …}, or {"resume_from": n} when the trainer is no longer at `step`."""
+def checkpoint(run_id: str, step: int, inflight: list | None = None) -> dict:
+    """Trainer state + HF weights to checkpoints/step-N (infra.checkpoints); `inflight`: the batches of steps N,
+    N+1, … sampled ahead. {"path": …}, or {"resume_from": n} when the trainer is no longer at `step`."""
     try:
-        ahead = ReadyBatch(inflight) if inflight is not None else None
+        ahead = [ReadyBatch(batch) for batch in inflight or []]
         return {"path": get_run(run_id).roles.trainer.checkpoint(step, ahead)}
     except RolledBack as back:
         return {"resume_from": back.step}
@@ -114,11 +114,13 @@ class TaskGenerator:
         self.inflight = rollout.submit(self.run_id, step)
         return self.inflight
 
-    def resume_ahead(self, step: int) -> PendingBatch:
-        """The batch saved with the checkpoint at `step` when there is one (sampled with version step-1, as in the
-        uninterrupted run), else a new rollout task."""
+    def resume_ahead(self, step: int, count: int) -> list[PendingBatch]:
+        """The batches saved with the checkpoint at `step` when there are (sampled with the versions the
+        uninterrupted run used), else new rollout tasks for steps step … step + count - 1."""
         saved = ckpt.load_inflight(self.checkpoint_dir, step)
-        return ReadyBatch(saved) if saved is not None else self.rollout_ahead(step)
+        if saved is not None:
+            return [ReadyBatch(batch) for batch in saved]
+        return [self.rollout_ahead(step + i) for i in range(count)]
 
     def sync(self, version: int) -> dict[str, float]:
         self._settle()
@@ -158,17 +160,19 @@ class TaskTrainer:
             raise RolledBack(metrics["resume_from"])
         return metrics
 
-    def checkpoint(self, version: int, ahead: PendingBatch | None) -> str:
+    def checkpoint(self, version: int, ahead: list[PendingBatch]) -> str:
         self.calls.count += 1
-        inflight = quote(ahead.result()) if ahead is not None else None  # step N's batch, sampled ahead
+        inflight = quote([batch.result() for batch in ahead]) if ahead else None  # sampled ahead
         saved = checkpoint(self.run_id, version, inflight)
         if "resume_from" in saved:  # lost while saving: go back now (the next rollout would ask the generators
             raise RolledBack(saved["resume_from"])  # for a version the restored trainer no longer has)
         return saved["path"]
 
 
-def task_roles(run_id: str, checkpoint_dir: Path, with_reference: bool, calls: TaskCalls) -> Roles:
-    """The Roles whose every call is a Prefect task of run `run_id`."""
+def task_roles(run_id: str, checkpoint_dir: Path, with_reference: bool, calls: TaskCalls,
+               scored_in_rollout: bool = False) -> Roles:
+    """The Roles whose every call is a Prefect task of run `run_id`; `scored_in_rollout`: the rollout task scores
+    rewards itself (dynamic sampling refills), so there is no score_rewards task."""
     reference = TaskScorer(run_id, score_reference, calls) if with_reference else None
-    return Roles(TaskGenerator(run_id, checkpoint_dir, calls), TaskScorer(run_id, score_rewards, calls),
-                 TaskTrainer(run_id, calls), reference)
+    reward = ScoredDuringRollout() if scored_in_rollout else TaskScorer(run_id, score_rewards, calls)
+    return Roles(TaskGenerator(run_id, checkpoint_dir, calls), reward, TaskTrainer(run_id, calls), reference)

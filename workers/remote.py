@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge_core.data.problems import Problem
-from forge_core.protocols import Batch, PendingBatch, RolledBack
-from forge_core.recipes.local import ReadyBatch
-from forge_core.recipes.steps import rollout_metrics, sample_prompt_indices, step_seed
+from forge_core.protocols import Batch, PendingBatch, ReadyBatch, RolledBack
+from forge_core.recipes.steps import rollout_metrics, sample_prompt_indices, sample_with_refills, step_seed
 from forge_core.schedule import Schedule
 from forge_core.training.trainer import save_atomically
 from forge_core.types import Group
@@ -62,20 +61,30 @@ class RemoteGenerator:
     group_size: int
     seed: int
     eval_samples: int = 0
+    fill_rounds: int = 1  # > 1: DAPO dynamic sampling, refilled with the reward workers' scores
+    reward: RemoteRewardScorer | None = None  # scores each refill round (fill_rounds > 1)
 
     def rollout(self, step: int) -> Batch:
-        idx = sample_prompt_indices(len(self.splits.train), self.prompts_per_step, self.seed, step)
+        """The step's groups, sampled with the pinned behaviour version (and refilled: fill_rounds > 1)."""
         t0 = time.perf_counter()
-        groups = remote_rollout(self.pool, [self.splits.train[i] for i in idx],
-                                [self.splits.train_prompts[i] for i in idx], self.group_size,
-                                step_seed(self.seed, step), self.behaviour_version(step))
-        seconds = time.perf_counter() - t0
-        metrics = rollout_metrics(groups)
-        tokens = sum(len(e.completion.token_ids) for g in groups for e in g.episodes)
-        oldest = min(e.completion.policy_version for g in groups for e in g.episodes)
-        metrics.update({"rollout/tokens_per_s": tokens / max(seconds, 1e-9), "timing/rollout": seconds,
-                        "rollout/policy_version": float(oldest), "rollout/policy_staleness": float(step - oldest)})
-        return groups, metrics
+
+        def sample_round(n: int, salt: int) -> Batch:
+            train, prompts = self.splits.train, self.splits.train_prompts
+            idx = sample_prompt_indices(len(train), n, self.seed + 7919 * salt, step)
+            groups = remote_rollout(self.pool, [train[i] for i in idx], [prompts[i] for i in idx], self.group_size,
+                                    step_seed(self.seed, step, salt), self.behaviour_version(step))
+            return self.reward.score(step, groups) if self.refills else (groups, {})
+
+        if self.refills:
+            groups, metrics = sample_with_refills(sample_round, self.prompts_per_step, self.fill_rounds)
+        else:
+            groups, metrics = sample_round(self.prompts_per_step, 0)
+        return groups, {**metrics, **rollout_metrics(groups, step, time.perf_counter() - t0)}
+
+    @property
+    def refills(self) -> bool:
+        """Whether rollouts score rewards themselves (dynamic sampling): then ScoredDuringRollout is the scorer."""
+        return self.fill_rounds > 1 and self.reward is not None
 
     def behaviour_version(self, step: int) -> int | None:
         """The version step's rollout is pinned to (the uninterrupted run's; None: whatever the generators hold)."""
@@ -84,8 +93,8 @@ class RemoteGenerator:
     def rollout_ahead(self, step: int) -> ReadyBatch:
         return ReadyBatch(self.rollout(step))  # one caller, one connection: sampled now (tasks run it in a thread)
 
-    def resume_ahead(self, step: int) -> ReadyBatch:
-        return self.rollout_ahead(step)
+    def resume_ahead(self, step: int, count: int) -> list[ReadyBatch]:
+        return [self.rollout_ahead(step + i) for i in range(count)]
 
     def sync(self, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -150,9 +159,9 @@ class RemoteTrainer:
         metrics["timing/train"] = time.perf_counter() - t0
         return metrics
 
-    def checkpoint(self, version: int, ahead: PendingBatch | None) -> str:
-        """Trainer state + HF weights to step-N; `ahead`: step N's batch when it was sampled ahead (pipelined),
-        saved with the checkpoint so a resume trains on the same batch. COMPLETE is written last, old checkpoints
+    def checkpoint(self, version: int, ahead: list[PendingBatch]) -> str:
+        """Trainer state + HF weights to step-N; `ahead`: the batches of steps N, N+1, … sampled ahead (pipelined),
+        saved with the checkpoint so a resume trains on the same batches. COMPLETE is written last, old checkpoints
         are pruned to `keep`. Raises RolledBack when the trainer is no longer at `version`: older weights are
         never labelled as this step."""
         if (actual := self.step()) != version:
@@ -160,8 +169,8 @@ class RemoteTrainer:
         path = ckpt.step_dir(self.checkpoint_dir, version)
         # state_sha256: equal for equal training states (the file's own bytes are not canonical)
         state_sha256 = self.pool.call("trainer", "save_checkpoint", str(path))
-        if ahead is not None:
-            save_atomically(ahead.result(), path / ckpt.INFLIGHT)
+        if ahead:
+            save_atomically([batch.result() for batch in ahead], path / ckpt.INFLIGHT)
         ckpt.mark_complete(path, version, state_sha256, self.seed)  # last: without it the directory is ignored
         ckpt.prune_checkpoints(self.checkpoint_dir, self.keep)
         return str(path)

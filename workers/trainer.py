@@ -17,7 +17,8 @@ import torch.distributed as dist
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
 from forge_core.recipes import steps
 from forge_core.training import Trainer, state_sha256
-from forge_core.training.trainer import save_atomically
+from forge_core.training.trainer import loss_mask_of, save_atomically
+from forge_core.training.update import select_rows
 from forge_core.types import Group
 from infra import components as C
 from infra.checkpoints import HF_DIR, STATE, WORKER_STEP
@@ -54,16 +55,15 @@ class TrainerWorker(Worker):
     # ---- calls (rank 0 receives them and fans them out) ----
 
     def train_step(self, groups: list[Group], step: int | None = None) -> dict[str, float]:
-        """Advantages + one optimizer step on `groups`; publishes version step+1 when the generators sync to it
-        (`Schedule.syncs_at`). Returns loss/* metrics."""
+        """Advantages + the step's policy update (trainer.mini_batches × epochs optimizer steps) on `groups`;
+        publishes version step+1 when the generators sync to it (`Schedule.syncs_at`). Returns loss/* metrics."""
         self._fan_out("train_step", groups, step)
         self.calls += 1
         adv = self.cfg.advantage
         episodes, metrics = steps.compute_advantages(groups, adv.name, self.cfg.filter_groups, **adv.params)
-        dp_rank, dp_size = self._data_parallel_slice()
-        mine = episodes[dp_rank::dp_size] if dp_size > 1 else episodes
-        metrics.update(self._train(mine, total_episodes=len(episodes)))
-        self.step = self.step + 1 if step is None else step + 1
+        step = self.step if step is None else step
+        metrics.update(self._train(episodes, step))
+        self.step = step + 1
         self._publish_after_step(self.step, metrics)
         self.last_metrics = metrics
         return metrics
@@ -241,21 +241,31 @@ class TrainerWorker(Worker):
 
     # ---- internals ----
 
-    def _train(self, episodes, total_episodes: int) -> dict[str, float]:
-        if total_episodes == 0:
+    def _train(self, episodes, step: int) -> dict[str, float]:
+        """The step's policy update on the whole batch: every rank shuffles it alike into the same global
+        mini-batches and trains on its data-parallel slice of each (so any number of ranks makes the steps one
+        process would)."""
+        if not episodes:
             return {"loss/skipped": 1.0}
-        if self.world == 1:
-            return steps.train_on_episodes(self.trainer, episodes, self.tokenizer.pad_token_id)
-        from forge_core.training import episodes_to_train_inputs
+        stale = any(e.completion.policy_version < step for e in episodes)
+        step_fn = None
+        if self.world > 1:
+            dp_rank, dp_size = self._data_parallel_slice()
 
-        inputs, targets = episodes_to_train_inputs(episodes, self.tokenizer.pad_token_id)
-        return {f"loss/{k}": v for k, v in self._step_sharded(self.trainer, inputs, targets).items()}
+            def step_fn(inputs, targets):
+                rows = torch.arange(dp_rank, len(inputs), dp_size)
+                return self._step_sharded(self.trainer, *select_rows(inputs, targets, rows))
+        # pipeline stages cannot score the proximal policy yet: a stale batch keeps behaviour as proximal there
+        return steps.train_on_episodes(self.trainer, episodes, self.tokenizer.pad_token_id, step=step,
+                                       seed=self.cfg.seed, correction=self.cfg.rollout_correction,
+                                       stale=stale and self.pp == 1, step_fn=step_fn)
 
     def _step_sharded(self, trainer: Trainer, inputs: list[dict], targets: dict) -> dict[str, float]:
         """One optimizer step of a multi-rank trainer on this rank's slice of the batch; the batch's metrics."""
         # global normalisers: every rank divides by the whole batch's token/sequence count, gradients are summed;
         # the tp × pp ranks of one slice hold the same rows, so sums over all ranks count it tp × pp times
-        counts = torch.tensor([targets["padding_mask"].sum().item(), float(len(inputs))], dtype=torch.float64)
+        kept = loss_mask_of(targets)  # rollout correction (MIS) may drop tokens from the loss
+        counts = torch.tensor([kept.sum().item(), float((kept.sum(-1) > 0).sum())], dtype=torch.float64)
         dist.all_reduce(counts)
         counts /= self.tp * self.pp
         trainer.train_step(inputs, targets, num_tokens=int(counts[0]), num_seqs=int(counts[1]))

@@ -103,6 +103,11 @@ class PolicyLoss(nn.Module):
     def reduce(self, per_token: torch.Tensor, mask: torch.Tensor, num_tokens=None, num_seqs=None) -> torch.Tensor:
         return aggregate(per_token, mask, self.aggregation, self.max_len, num_tokens, num_seqs)
 
+    @staticmethod
+    def weigh(per_token: torch.Tensor, token_weights: torch.Tensor | None) -> torch.Tensor:
+        """The policy-gradient term of each token times its detached rollout-correction weight [B, T] (TIS)."""
+        return per_token if token_weights is None else per_token * token_weights.detach().to(per_token.dtype)
+
     def add_kl(self, per_token, logprobs, ref_logprobs, mask, beta: float, estimator: str) -> torch.Tensor:
         """Add beta * KL(ref) to the per-token loss and record `kl_mean`; ref may be None only when beta == 0."""
         if ref_logprobs is None:

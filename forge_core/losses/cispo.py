@@ -23,7 +23,7 @@ class CISPOLoss(PolicyLoss):
         self.clip_low, self.clip_high, self.beta, self.kl_estimator = clip_low, clip_high, beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
         """Scalar loss from [B, T] inputs and advantages [B]|[B, 1]|[B, T]."""
         mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
         adv = broadcast_advantages(advantages, logprobs)
@@ -37,5 +37,6 @@ class CISPOLoss(PolicyLoss):
             "clip_frac_low": 0.0 if low is None else masked_fraction(ratio < low, mask),
             "clip_frac_high": masked_fraction(ratio > 1.0 + self.clip_high, mask),
         }
+        per_token = self.weigh(per_token, token_weights)
         per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
         return self.reduce(per_token, mask, num_tokens, num_seqs)

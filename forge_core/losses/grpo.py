@@ -43,6 +43,7 @@ class GRPOLoss(PolicyLoss):
         *,
         num_tokens: float | None = None,
         num_seqs: float | None = None,
+        token_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Scalar loss from logprobs/old/ref/mask [B, T] and advantages [B]|[B, 1]|[B, T]."""
         mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
@@ -60,6 +61,7 @@ class GRPOLoss(PolicyLoss):
             capped = torch.minimum(per_token, -adv * self.clip_ratio_c)
             self.metrics["clip_frac_dual"] = masked_fraction((per_token > capped) & (adv < 0), mask)
             per_token = torch.where(adv < 0, capped, per_token)
+        per_token = self.weigh(per_token, token_weights)
         per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
         return self.reduce(per_token, mask, num_tokens, num_seqs)
 
@@ -81,11 +83,12 @@ class SimpleGRPOLoss(PolicyLoss):
         self.beta, self.kl_estimator = beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
         """Scalar loss; old_logprobs is ignored (this form is on-policy by definition)."""
         mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs)
         adv = broadcast_advantages(advantages, logprobs)
         ratio = torch.exp(log_ratio(logprobs, None, mask))
         self.metrics = {**ratio_metrics(ratio, mask), "clip_frac_low": 0.0, "clip_frac_high": 0.0}
-        per_token = self.add_kl(-ratio * adv, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
+        per_token = self.add_kl(self.weigh(-ratio * adv, token_weights), logprobs, ref_logprobs, mask, self.beta,
+                                self.kl_estimator)
         return self.reduce(per_token, mask, num_tokens, num_seqs)

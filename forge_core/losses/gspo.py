@@ -36,13 +36,15 @@ class GSPOLoss(PolicyLoss):
         self.clip_low, self.clip_high, self.beta, self.kl_estimator = clip_low, clip_high, beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
         """Scalar loss from [B, T] inputs; sequences without real tokens are excluded from the mean."""
         mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
         seq_lr, lengths = sequence_log_ratio(logprobs, old_logprobs, mask)
         adv = sequence_advantages(advantages, logprobs, mask)
         s = torch.exp(seq_lr)
         per_seq = torch.maximum(-adv * s, -adv * torch.clamp(s, 1.0 - self.clip_low, 1.0 + self.clip_high))
+        if token_weights is not None:  # a sequence's weight: the mean of its tokens' (one value with level sequence)
+            per_seq = per_seq * (masked_sum(token_weights.detach(), mask, dim=-1) / lengths.clamp(min=1))
         valid = lengths > 0
         self.metrics = {
             **ratio_metrics(s.unsqueeze(-1), valid.unsqueeze(-1)),
@@ -61,7 +63,7 @@ class GSPOTokenLoss(GSPOLoss):
     """GSPO-token: s_i,t = sg(s_i)·exp(lp - sg(lp)); same value as GSPO, gradient per token; seq-mean-token-mean."""
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
         """Scalar loss; advantages may be per token [B, T]."""
         mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
         seq_lr, lengths = sequence_log_ratio(logprobs, old_logprobs, mask)
@@ -74,5 +76,6 @@ class GSPOTokenLoss(GSPOLoss):
             "clip_frac_low": masked_fraction((s_tok < 1.0 - self.clip_low) & (adv < 0), mask),
             "clip_frac_high": masked_fraction((s_tok > 1.0 + self.clip_high) & (adv > 0), mask),
         }
+        per_token = self.weigh(per_token, token_weights)
         per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
         return self.reduce(per_token, mask, num_tokens, num_seqs)

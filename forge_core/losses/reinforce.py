@@ -25,7 +25,7 @@ class ReinforceLoss(PolicyLoss):
         self.clip_ratio, self.beta, self.kl_estimator = clip_ratio, beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
         """Scalar loss from [B, T] inputs."""
         mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
         adv = broadcast_advantages(advantages, logprobs)
@@ -36,5 +36,6 @@ class ReinforceLoss(PolicyLoss):
         if self.clip_ratio is not None:
             per_token = per_token * torch.clamp(ratio, max=self.clip_ratio)
             self.metrics["clip_frac_high"] = masked_fraction(ratio > self.clip_ratio, mask)
+        per_token = self.weigh(per_token, token_weights)
         per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
         return self.reduce(per_token, mask, num_tokens, num_seqs)

@@ -18,7 +18,7 @@ class SAPOLoss(PolicyLoss):
         self.tau_pos, self.tau_neg, self.beta, self.kl_estimator = tau_pos, tau_neg, beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
         """Scalar loss from [B, T] inputs."""
         mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
         adv = broadcast_advantages(advantages, logprobs)
@@ -26,5 +26,6 @@ class SAPOLoss(PolicyLoss):
         tau = torch.where(adv > 0, torch.full_like(adv, self.tau_pos), torch.full_like(adv, self.tau_neg))
         gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
         self.metrics = {**ratio_metrics(ratio, mask), "clip_frac_low": 0.0, "clip_frac_high": 0.0}
-        per_token = self.add_kl(-gate * adv, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
+        per_token = self.add_kl(self.weigh(-gate * adv, token_weights), logprobs, ref_logprobs, mask, self.beta,
+                                self.kl_estimator)
         return self.reduce(per_token, mask, num_tokens, num_seqs)

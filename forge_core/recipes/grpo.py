@@ -20,6 +20,7 @@ from forge_core.recipes.local import (
 from forge_core.rewards import CombinedReward
 from forge_core.schedule import Schedule
 from forge_core.training import Trainer
+from forge_core.training.correction import RolloutCorrection
 
 
 @dataclass
@@ -36,6 +37,8 @@ class GRPOSettings:
     eval_every: int = 10
     eval_samples: int = 0
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_policy_age: int = 0  # N >= 1: N rollouts sampled ahead of the trainer (with the weights of then)
+    correction: RolloutCorrection = field(default_factory=RolloutCorrection)
 
 
 @dataclass
@@ -63,9 +66,11 @@ class GRPOLoop:
         if self.ref_model is not None:
             reference = LocalReferenceScorer(self.ref_model, self.pad_id, s.sampling.temperature)
         self.roles = Roles(local, ScoredDuringRollout() if local.refills else LocalRewardScorer(self.reward),
-                           LocalTrainer(self.trainer, self.pad_id, dict(s.advantage), s.filter_groups), reference)
-        # one process, one model: on-policy, the generator sees every version, no checkpoints but the final one
-        self.schedule = Schedule(steps=s.steps, eval_every=s.eval_every)
+                           LocalTrainer(self.trainer, self.pad_id, dict(s.advantage), s.filter_groups, s.seed,
+                                        s.correction), reference)
+        # one process, one model: the generator sees every version (a rollout ahead samples before the step
+        # trains, so with the weights of then), no checkpoints but the final one
+        self.schedule = Schedule(steps=s.steps, eval_every=s.eval_every, max_policy_age=s.max_policy_age)
 
     def evaluate(self) -> dict[str, float]:
         """Held-out greedy (and optionally sampled) accuracy of the current policy."""
@@ -74,7 +79,7 @@ class GRPOLoop:
     def run_step(self, step: int) -> dict[str, float]:
         """One GRPO iteration; returns all metrics of the step."""
         recorder = HistoryRecorder()
-        run_iteration(self.roles, self.schedule, step, None, recorder)
+        run_iteration(self.roles, self.schedule, step, [], recorder)
         return recorder.history[-1]
 
     def run(self, start_step: int = 0, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:

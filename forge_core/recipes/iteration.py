@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from forge_core.protocols import (
+    Batch,
     GeneratorRole,
     PendingBatch,
     PolicyTrainer,
@@ -31,31 +32,35 @@ class Roles:
     reference: ReferenceScorer | None = None  # None: no KL term (loss.beta == 0)
 
 
-def run_iteration(roles: Roles, schedule: Schedule, step: int, ahead: PendingBatch | None,
-                  recorder: StepRecorder) -> PendingBatch | None:
-    """Step `step`: policy version step → step + 1; returns the rollout of step + 1 when it was started ahead.
+def run_iteration(roles: Roles, schedule: Schedule, step: int, ahead: list[PendingBatch],
+                  recorder: StepRecorder) -> list[PendingBatch]:
+    """Step `step`: policy version step → step + 1. `ahead` holds the rollouts already started for step, step + 1,
+    … (pipelined); returns those of step + 1, … .
 
         prompts ─▶ rollout(step) ──groups──▶ reward.score ──▶ reference.score ──▶ trainer.train ──▶ weights v+1
-                   (behaviour policy:                           (beta > 0)       (advantages,        │
-                    version schedule.behaviour_version(step))                     optimizer step)    │
-                   pipelined: rollout_ahead(step+1) starts here, sampled with v while v trains ◀─────┤
+                   (behaviour policy:                           (beta > 0)       (advantages, mini-  │
+                    version schedule.behaviour_version(step))                     batches × epochs)  │
+                   pipelined: rollout_ahead(step+L) starts here, sampled with ≤ v while v trains ◀───┤
                                                         generator.sync(v+1)  when schedule.syncs_at(v+1)
                                                         generator.evaluate   when schedule.evaluates_at(v+1)
                                    recorder.step(v+1) ─▶ trainer.checkpoint  when schedule.checkpoints_at(v+1)
 
+    L = schedule.lookahead. A batch older than max_policy_age versions is dropped and sampled again (counted).
     The step is recorded before its checkpoint: a crash after the checkpoint's COMPLETE marker resumes after this
     step, which must then be on record already; a crash before it resumes earlier and the rollback supersedes it.
     A trainer that lost its state raises RolledBack out of train or checkpoint (see run_grpo_steps).
     """
     t0 = time.perf_counter()
     version = step + 1
-    groups, metrics = ahead.result() if ahead is not None else roles.generator.rollout(step)
+    queue = list(ahead)
+    groups, metrics = admit_batch(roles, schedule, step, queue.pop(0).result() if queue else None)
     groups, reward_metrics = roles.reward.score(step, groups)
     metrics.update(reward_metrics)
     if roles.reference is not None:
         groups, ref_metrics = roles.reference.score(step, groups)
         metrics.update(ref_metrics)
-    ahead = roles.generator.rollout_ahead(step + 1) if schedule.samples_ahead(step) else None
+    if schedule.samples_ahead(step):
+        queue.append(roles.generator.rollout_ahead(step + schedule.lookahead))
     metrics.update(roles.trainer.train(step, groups))
     if schedule.syncs_at(version):  # the trainer published it (every sync_every, eval, checkpoint, last)
         metrics.update(roles.generator.sync(version))
@@ -64,15 +69,30 @@ def run_iteration(roles: Roles, schedule: Schedule, step: int, ahead: PendingBat
     metrics["timing/step"] = time.perf_counter() - t0
     recorder.step(version, metrics)
     if schedule.checkpoints_at(version):
-        recorder.checkpoint(version, roles.trainer.checkpoint(version, ahead))
-    return ahead
+        recorder.checkpoint(version, roles.trainer.checkpoint(version, queue))
+    return queue
+
+
+def admit_batch(roles: Roles, schedule: Schedule, step: int, batch: Batch | None) -> Batch:
+    """Step's batch: the one sampled ahead when it is recent enough (behaviour version ≥ step - max_policy_age),
+    else a new rollout now; `rollout/stale_dropped` counts the batches dropped for age."""
+    if batch is None:
+        return roles.generator.rollout(step)
+    groups, metrics = batch
+    oldest = min(e.completion.policy_version for g in groups for e in g.episodes)
+    if oldest >= schedule.oldest_allowed(step):
+        return groups, {**metrics, "rollout/stale_dropped": 0.0}
+    log.warning("step %d: dropping a batch sampled by version %d (max_policy_age %d); sampling it again", step,
+                oldest, schedule.max_policy_age)
+    groups, metrics = roles.generator.rollout(step)
+    return groups, {**metrics, "rollout/stale_dropped": 1.0}
 
 
 def run_grpo_steps(roles: Roles, schedule: Schedule, start: int, recorder: StepRecorder) -> None:
     """Steps start..schedule.steps-1. When the trainer comes back from an older checkpoint (RolledBack), the later
     steps are superseded in the records and the run continues from the checkpoint's step."""
     step = start
-    ahead = roles.generator.resume_ahead(step) if schedule.pipelined and step < schedule.steps else None
+    ahead = resume_ahead(roles, schedule, step)
     while step < schedule.steps:
         try:
             ahead = run_iteration(roles, schedule, step, ahead, recorder)
@@ -81,4 +101,10 @@ def run_grpo_steps(roles: Roles, schedule: Schedule, start: int, recorder: StepR
             log.warning("trainer restored to step %d; continuing from there", back.step)
             step = back.step
             recorder.rollback(step)
-            ahead = roles.generator.resume_ahead(step) if schedule.pipelined else None
+            ahead = resume_ahead(roles, schedule, step)
+
+
+def resume_ahead(roles: Roles, schedule: Schedule, step: int) -> list[PendingBatch]:
+    """The rollouts in flight when step `step` begins after a (re)start (none on-policy)."""
+    count = schedule.ahead_at(step)
+    return roles.generator.resume_ahead(step, count) if count else []

@@ -7,24 +7,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from forge_core.advantages import collect_informative_groups
 from forge_core.data.problems import Problem
 from forge_core.generation import SamplingParams, TorchGenerator
-from forge_core.protocols import Batch
+from forge_core.protocols import Batch, ReadyBatch
 from forge_core.recipes import steps
 from forge_core.rewards import CombinedReward
 from forge_core.training import Trainer
+from forge_core.training.correction import RolloutCorrection
 from forge_core.types import Group
-
-
-@dataclass
-class ReadyBatch:
-    """A rollout already sampled, where a running one could be."""
-
-    value: Batch
-
-    def result(self) -> Batch:
-        return self.value
 
 
 @dataclass
@@ -48,31 +38,19 @@ class LocalGenerator:
 
     def rollout(self, step: int) -> Batch:
         """Sample the step's groups; (groups, rollout/* and timing/rollout metrics)."""
-        t0, calls = time.perf_counter(), []
+        t0 = time.perf_counter()
 
-        def sample(n: int) -> list[Group]:
-            salt = len(calls)
-            calls.append(n)
+        def sample_round(n: int, salt: int) -> Batch:
             idx = steps.sample_prompt_indices(len(self.problems), n, self.seed + 7919 * salt, step)
             groups = steps.rollout(self.generator, [self.problems[i] for i in idx], [self.prompts[i] for i in idx],
                                    self.group_size, steps.step_seed(self.seed, step, salt), self.sampling)
-            if self.refills:  # the refill needs to know which groups are informative
-                calls[-1] = steps.score_rewards(groups, self.reward)
-            return groups
+            return groups, (steps.score_rewards(groups, self.reward) if self.refills else {})
 
-        metrics: dict[str, float] = {}
-        if self.refills:
-            groups, stats = collect_informative_groups(sample, self.prompts_per_step, self.fill_rounds)
-            metrics.update(calls[0])  # the first round's reward/* metrics, as without refills
-            metrics.update({"rollout/fill_rounds": float(stats.rounds), "rollout/sampled_groups": float(stats.sampled),
-                            "rollout/refill_dropped": float(stats.dropped)})
+        if self.refills:  # the refill needs to know which groups are informative
+            groups, metrics = steps.sample_with_refills(sample_round, self.prompts_per_step, self.fill_rounds)
         else:
-            groups = sample(self.prompts_per_step)
-        seconds = time.perf_counter() - t0
-        tokens = sum(len(e.completion.token_ids) for g in groups for e in g.episodes)
-        metrics.update(steps.rollout_metrics(groups))
-        metrics.update({"timing/rollout": seconds, "rollout/tokens_per_s": tokens / max(seconds, 1e-9),
-                        "rollout/policy_staleness": 0.0})
+            groups, metrics = sample_round(self.prompts_per_step, 0)
+        metrics.update(steps.rollout_metrics(groups, step, time.perf_counter() - t0))
         return groups, metrics
 
     @property
@@ -84,8 +62,8 @@ class LocalGenerator:
         """Sampled now, with the weights held now (before the current step trains)."""
         return ReadyBatch(self.rollout(step))
 
-    def resume_ahead(self, step: int) -> ReadyBatch:
-        return self.rollout_ahead(step)
+    def resume_ahead(self, step: int, count: int) -> list[ReadyBatch]:
+        return [self.rollout_ahead(step + i) for i in range(count)]
 
     def sync(self, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -130,22 +108,25 @@ class LocalReferenceScorer:
 
 @dataclass
 class LocalTrainer:
-    """Advantages (with the optional DAPO filter) and one optimizer step on the in-process Trainer."""
+    """Advantages (with the optional DAPO filter) and the step's policy update on the in-process Trainer."""
 
     trainer: Trainer
     pad_id: int
     advantage: dict = field(default_factory=lambda: {"name": "grpo"})
     filter_groups: bool = False
+    seed: int = 0  # shuffles the mini-batches of each step
+    correction: RolloutCorrection = field(default_factory=RolloutCorrection)
 
     def train(self, step: int, groups: list[Group]) -> dict[str, float]:
         t0 = time.perf_counter()
         adv = dict(self.advantage)
         episodes, metrics = steps.compute_advantages(groups, adv.pop("name"), self.filter_groups, **adv)
-        metrics.update(steps.train_on_episodes(self.trainer, episodes, self.pad_id))
+        metrics.update(steps.train_on_episodes(self.trainer, episodes, self.pad_id, step=step, seed=self.seed,
+                                               correction=self.correction))
         metrics["timing/train"] = time.perf_counter() - t0
         return metrics
 
-    def checkpoint(self, version: int, ahead) -> str:
+    def checkpoint(self, version: int, ahead: list) -> str:
         raise RuntimeError("the in-process loop runs with checkpoint_every 0 (it saves the final model only); "
                            "checkpoints during training are the Prefect flow's")
 

@@ -9,16 +9,23 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from forge_core.advantages import assign_group_advantages, filter_informative_groups
+from forge_core.advantages import (
+    assign_group_advantages,
+    collect_informative_groups,
+    filter_informative_groups,
+)
 from forge_core.data.problems import Problem
 from forge_core.generation import SamplingParams, TorchGenerator
+from forge_core.protocols import Batch
 from forge_core.rewards import CombinedReward, MathReward
 from forge_core.training import Trainer, episodes_to_train_inputs, sequence_logprobs
 from forge_core.training.batching import collate
+from forge_core.training.correction import RolloutCorrection
+from forge_core.training.update import StepFn, update_policy
 from forge_core.types import Episode, Group
 
 
@@ -45,6 +52,24 @@ def rollout(generator: TorchGenerator, problems: Sequence[Problem], prompts: Seq
         episodes = [Episode(prompt, problem.solution, prompt_ids, c) for c in comps]
         groups.append(Group(prompt, problem.solution, episodes))
     return groups
+
+
+def sample_with_refills(sample_round: Callable[[int, int], Batch], num_groups: int,
+                        fill_rounds: int) -> Batch:
+    """DAPO dynamic sampling: `sample_round(n, salt)` samples and scores n groups (salt = the round, 0 first);
+    uninformative groups (all rewards equal) are replaced by fresh prompts for up to `fill_rounds` rounds.
+    Returns the groups and the first round's reward/* metrics plus rollout/fill_rounds, sampled_groups and
+    refill_dropped."""
+    rounds: list[dict[str, float]] = []  # each round's reward metrics
+
+    def sample(n: int) -> list[Group]:
+        groups, metrics = sample_round(n, len(rounds))
+        rounds.append(metrics)
+        return groups
+
+    groups, stats = collect_informative_groups(sample, num_groups, fill_rounds)
+    return groups, {**rounds[0], "rollout/fill_rounds": float(stats.rounds), "rollout/sampled_groups": float(stats.sampled),
+                    "rollout/refill_dropped": float(stats.dropped)}
 
 
 def score_rewards(groups: list[Group], reward: CombinedReward) -> dict[str, float]:
@@ -91,13 +116,20 @@ def compute_advantages(groups: list[Group], name: str = "grpo", drop_uninformati
     return episodes, {"rollout/dropped_groups": float(dropped)}
 
 
-def train_on_episodes(trainer: Trainer, episodes: list[Episode], pad_id: int) -> dict[str, float]:
-    """One optimizer step on the episodes; returns loss/* metrics (empty batch: no step)."""
+def train_on_episodes(trainer: Trainer, episodes: list[Episode], pad_id: int, *, step: int = 0, seed: int = 0,
+                      correction: RolloutCorrection | None = None, stale: bool | None = None,
+                      step_fn: StepFn | None = None) -> dict[str, float]:
+    """Step `step`'s policy update on the episodes (mini-batches × epochs optimizer steps, proximal logprobs and
+    rollout correction when configured); loss/* and rollout/* metrics (empty batch: no step). `stale` defaults to
+    whether any episode was sampled by a version older than `step` (the trainer's current one)."""
     if not episodes:
         return {"loss/skipped": 1.0}
     inputs, targets = episodes_to_train_inputs(episodes, pad_id)
-    trainer.train_step(inputs, targets)
-    return {f"loss/{k}": v for k, v in trainer.metrics.items()}
+    if stale is None:
+        stale = any(e.completion.policy_version < step for e in episodes)
+    metrics = update_policy(trainer, inputs, targets, seed=step_seed(seed, step, salt=2), stale=stale,
+                            correction=correction, step_fn=step_fn)
+    return {k if k.startswith("rollout/") else f"loss/{k}": v for k, v in metrics.items()}
 
 
 def sync_weights(generator: TorchGenerator, trainer: Trainer, version: int) -> None:
@@ -108,16 +140,24 @@ def sync_weights(generator: TorchGenerator, trainer: Trainer, version: int) -> N
     generator.model.eval()
 
 
-def rollout_metrics(groups: list[Group]) -> dict[str, float]:
-    """rollout/* length, truncation and staleness statistics."""
+def rollout_metrics(groups: list[Group], step: int, seconds: float) -> dict[str, float]:
+    """rollout/* length, truncation, throughput and staleness statistics of step `step`'s groups sampled in
+    `seconds`; staleness = step - the version that sampled an episode, also as a histogram (fraction per age)."""
     comps = [e.completion for g in groups for e in g.episodes]
     lengths = [len(c.token_ids) for c in comps]
-    return {
+    ages = [step - c.policy_version for c in comps]
+    metrics = {
         "rollout/response_len_mean": statistics.fmean(lengths),
         "rollout/response_len_max": float(max(lengths)),
         "rollout/truncation_rate": sum(c.stop_reason == "length" for c in comps) / len(comps),
         "rollout/num_episodes": float(len(comps)),
+        "rollout/tokens_per_s": sum(lengths) / max(seconds, 1e-9),
+        "timing/rollout": seconds,
+        "rollout/policy_version": float(min(c.policy_version for c in comps)),
+        "rollout/policy_staleness": float(max(ages)),
     }
+    metrics.update({f"rollout/staleness_{age}": ages.count(age) / len(ages) for age in sorted(set(ages))})
+    return metrics
 
 
 def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Sequence[str], max_new_tokens: int,

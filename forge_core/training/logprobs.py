@@ -5,12 +5,17 @@ from __future__ import annotations
 import torch
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 when it is of a lower precision (bf16/fp16 logits), unchanged when float32 or float64."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
                     chunk_rows: int = 16) -> torch.Tensor:
     """log softmax(logits / temperature)[targets] as [B, T] from logits [B, T, V], computed in row chunks."""
     out = []
     for start in range(0, logits.shape[0], chunk_rows):
-        chunk = logits[start:start + chunk_rows].float()
+        chunk = at_least_fp32(logits[start:start + chunk_rows])
         if temperature != 1.0:
             chunk = chunk / temperature
         picked = chunk.gather(-1, targets[start:start + chunk_rows, :, None]).squeeze(-1)
@@ -22,7 +27,7 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: in
     """Entropy of softmax(logits / temperature) per position, [B, T] from [B, T, V], in row chunks."""
     out = []
     for start in range(0, logits.shape[0], chunk_rows):
-        chunk = logits[start:start + chunk_rows].float() / temperature
+        chunk = at_least_fp32(logits[start:start + chunk_rows]) / temperature
         lse = torch.logsumexp(chunk, dim=-1)
         out.append(lse - (chunk.softmax(-1) * chunk).sum(-1))
     return torch.cat(out, 0)

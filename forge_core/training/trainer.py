@@ -36,6 +36,8 @@ class TrainerSettings:
     min_lr_ratio: float = 0.0
     entropy_coef: float = 0.0
     temperature: float = 1.0
+    mini_batches: int = 1  # optimizer steps per rollout batch (PPO mini-batches)
+    epochs: int = 1  # passes over the rollout batch
 
     def validate(self) -> None:
         if self.lr <= 0 or not math.isfinite(self.lr):
@@ -46,6 +48,10 @@ class TrainerSettings:
             raise ValueError(f"trainer.schedule {self.schedule!r} needs trainer.total_steps > 0")
         if self.micro_batch_size < 1:
             raise ValueError(f"trainer.micro_batch_size must be >= 1; got {self.micro_batch_size}")
+        for key in ("mini_batches", "epochs"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ValueError(f"trainer.{key} must be an integer >= 1 (1 = one pass, one optimizer step); "
+                                 f"got {getattr(self, key)!r}")
         if self.temperature <= 0:
             raise ValueError(f"trainer.temperature must be > 0 (the generator's sampling temperature); got {self.temperature}")
 
@@ -91,26 +97,38 @@ class Trainer:
         return sequence_logprobs(self.model, batch.tokens, batch.attention_mask, batch.positions,
                                  self.settings.temperature, with_entropy, entropy_grad=self.settings.entropy_coef != 0)
 
+    @torch.no_grad()
+    def proximal_logprobs(self, inputs: list[dict], padding_mask: torch.Tensor) -> torch.Tensor:
+        """Logprobs [B, T] of the response tokens under the weights of now (the proximal policy), micro-batched."""
+        self.model.train()  # the same mode as the steps that follow (no dropout in these models either way)
+        mb = self.settings.micro_batch_size
+        mask = padding_mask.bool()
+        parts = [self.logprobs(inputs[i:i + mb], mask[i:i + mb])[0] for i in range(0, len(inputs), mb)]
+        lp = torch.cat(parts, 0)
+        return torch.where(mask.to(lp.device), lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
+
     def train_step(self, inputs: list[dict], targets: dict, num_tokens: int | None = None,
                    num_seqs: int | None = None) -> float:
         """One optimizer step over the whole batch; returns the loss. targets: response/padding_mask [B, T],
-        advantages [B] (or [B, T]), ref_logprobs/old_logprobs [B, T] or None. num_tokens/num_seqs override the
-        normalisers when this batch is one rank's share of a larger one."""
+        advantages [B] (or [B, T]), ref_logprobs/old_logprobs [B, T] or None; optional loss_mask [B, T] (tokens the
+        loss keeps, padding_mask still locates the response) and token_weights [B, T] (rollout correction).
+        num_tokens/num_seqs override the normalisers when this batch is one rank's share of a larger one."""
         self.model.train()
         device = next(self.model.parameters()).device
         targets = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in targets.items()}
         mask = targets["padding_mask"].bool()
-        num_tokens = num_tokens or mask.sum().clamp(min=1).item()
-        num_seqs = num_seqs or (mask.sum(-1) > 0).sum().clamp(min=1).item()
+        loss_mask = loss_mask_of(targets)
+        num_tokens = num_tokens or loss_mask.sum().clamp(min=1).item()
+        num_seqs = num_seqs or (loss_mask.sum(-1) > 0).sum().clamp(min=1).item()
         mb = self.settings.micro_batch_size
         self.optimizer.zero_grad(set_to_none=True)
         totals = StepTotals()
         for start in range(0, len(inputs), mb):
             sl = slice(start, start + mb)
             lp, ent = self.logprobs(inputs[sl], mask[sl], with_entropy=True)
-            loss = self.micro_batch_loss(lp, ent, mask[sl], pick(targets, "ref_logprobs", sl),
+            loss = self.micro_batch_loss(lp, ent, loss_mask[sl], pick(targets, "ref_logprobs", sl),
                                          pick(targets, "advantages", sl), pick(targets, "old_logprobs", sl),
-                                         num_tokens, num_seqs, totals)
+                                         num_tokens, num_seqs, totals, pick(targets, "token_weights", sl))
             if not totals.finite:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise RuntimeError(f"non-finite loss ({loss.item()}) at step {self.step} (micro-batch at row {start}); "
@@ -134,11 +152,13 @@ class Trainer:
         return totals.loss
 
     def micro_batch_loss(self, logprobs, entropy, mask, ref_logprobs, advantages, old_logprobs, num_tokens: float,
-                         num_seqs: float, totals: StepTotals) -> torch.Tensor:
+                         num_seqs: float, totals: StepTotals, token_weights=None) -> torch.Tensor:
         """The loss of one micro-batch from its logprobs/entropy [b, T] (global normalisers, entropy bonus); adds its
-        loss, entropy and the loss's diagnostics (weighted by its share of the tokens) to `totals`."""
+        loss, entropy and the loss's diagnostics (weighted by its share of the tokens) to `totals`. token_weights
+        [b, T] reach the loss only when given: losses written before rollout correction never see the keyword."""
+        extra = {} if token_weights is None else {"token_weights": token_weights}
         loss = self.loss_fn(logprobs, ref_logprobs, advantages, mask, old_logprobs=old_logprobs,
-                            num_tokens=num_tokens, num_seqs=num_seqs)
+                            num_tokens=num_tokens, num_seqs=num_seqs, **extra)
         ent_tokens = torch.where(mask, entropy, torch.zeros_like(entropy)).sum()
         if self.settings.entropy_coef:
             loss = loss - self.settings.entropy_coef * ent_tokens / num_tokens
@@ -195,6 +215,13 @@ def save_atomically(obj, path) -> None:
         tmp.unlink(missing_ok=True)
         raise
     tmp.replace(path)
+
+
+def loss_mask_of(targets: dict) -> torch.Tensor:
+    """The tokens the loss keeps [B, T]: padding_mask, narrowed by loss_mask when rollout correction masks some."""
+    mask = targets["padding_mask"].bool()
+    extra = targets.get("loss_mask")
+    return mask if extra is None else mask & extra.bool().to(mask.device)
 
 
 def pick(targets: dict, key: str, sl: slice):

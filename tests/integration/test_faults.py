@@ -42,13 +42,16 @@ RUN = {**TINY, "steps": STEPS, "trainer.entropy_coef": 0.01}
 
 # pipelined: step v+1 is sampled with weights v while v trains; its batch is saved with each checkpoint
 PIPELINED = {**RUN, "max_policy_age": 1}
+# off-policy: two batches in flight (both saved with each checkpoint), four PPO mini-batches per step, TIS
+OFF_POLICY = {**RUN, "max_policy_age": 2, "trainer.mini_batches": 4, "rollout_correction.mode": "tis"}
+MODES = {"on-policy": RUN, "pipelined": PIPELINED, "off-policy": OFF_POLICY}
 _REFERENCES: dict[str, str] = {}
 
 
 def uninterrupted_sha(mode: str) -> str:
     """state_sha256 of the final checkpoint of an uninterrupted run (computed once per mode)."""
     if mode not in _REFERENCES:
-        summary = grpo_flow(overrides=PIPELINED if mode == "pipelined" else RUN, run_name=f"uninterrupted-{mode}")
+        summary = grpo_flow(overrides=MODES[mode], run_name=f"uninterrupted-{mode}")
         info = show_run(summary["run_id"])
         assert info["final_checkpoint"]["step"] == STEPS and info["final_checkpoint"]["state_sha256"]
         _REFERENCES[mode] = info["final_checkpoint"]["state_sha256"]
@@ -75,11 +78,10 @@ def assert_records_complete(run_id: str, reference_sha: str) -> dict:
     return info
 
 
-@pytest.mark.parametrize("mode", ["on-policy", "pipelined"])
+@pytest.mark.parametrize("mode", ["on-policy", "pipelined", "off-policy"])
 @pytest.mark.parametrize("role", ["generator", "trainer"])
 def test_killed_worker_run_ends_bitwise_identical(role, mode):
-    run_with_killed_worker(role, PIPELINED if mode == "pipelined" else RUN, f"kill-{role}-{mode}",
-                           uninterrupted_sha(mode))
+    run_with_killed_worker(role, MODES[mode], f"kill-{role}-{mode}", uninterrupted_sha(mode))
 
 
 @pytest.mark.parametrize("role", ["generator", "trainer"])

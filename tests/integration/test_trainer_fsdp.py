@@ -12,7 +12,9 @@ from workers.pool import WorkerPool
 pytestmark = pytest.mark.integration
 
 
-def test_two_rank_fsdp_step_equals_single_process(tmp_path):
+@pytest.mark.parametrize("update", [{}, {"trainer.mini_batches": 2, "trainer.epochs": 2,
+                                         "rollout_correction.mode": "tis"}], ids=["one-step", "ppo-2x2-tis"])
+def test_two_rank_fsdp_step_equals_single_process(tmp_path, update):
     base = tiny_config("local", **{"trainer.lr": 1e-4, "trainer.max_norm": 0.5, "trainer.micro_batch_size": 8})
     splits = tiny_splits(base)
     model, tok = load_model_and_tokenizer(base.model.path, seed=0)
@@ -23,7 +25,7 @@ def test_two_rank_fsdp_step_equals_single_process(tmp_path):
     metrics, weights = {}, {}
     for procs in (1, 2):
         cfg = tiny_config("local", **{"trainer.procs": procs, "trainer.lr": 1e-4, "trainer.max_norm": 0.5,
-                                      "trainer.micro_batch_size": 8})
+                                      "trainer.micro_batch_size": 8, **update})
         with WorkerPool(cfg, tmp_path / f"procs{procs}", roles=("trainer",)) as pool:
             metrics[procs] = pool.call("trainer", "train_step", groups, 0)
             weights[procs] = FSWeightStore(pool.store_root).fetch(1)[1]
@@ -31,5 +33,6 @@ def test_two_rank_fsdp_step_equals_single_process(tmp_path):
     assert metrics[1]["loss/loss"] == pytest.approx(metrics[2]["loss/loss"], abs=1e-5)
     assert metrics[1]["loss/grad_norm"] == pytest.approx(metrics[2]["loss/grad_norm"], rel=1e-5)
     assert metrics[1]["loss/grad_norm"] > 0.5  # clipping was active in both
+    assert metrics[1]["loss/optimizer_steps"] == metrics[2]["loss/optimizer_steps"] == (4.0 if update else 1.0)
     assert set(weights[1]) == set(weights[2])
     assert max((weights[1][k] - weights[2][k]).abs().max().item() for k in weights[1]) < 1e-5

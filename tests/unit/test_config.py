@@ -140,3 +140,37 @@ def test_named_sections_are_typed_and_round_trip_in_their_yaml_shape(tmp_path):
         load_config(write(tmp_path, "loss: {clip_low: 0.1}\n"))
     with pytest.raises(ValueError, match=r"rewards\[1\].name is missing"):
         load_config(None, {"rewards": [{"name": "math"}, {"weight": 2.0}]})
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"trainer.mini_batches": 200}, r"trainer.mini_batches = 200 is larger than the 128 sequences .* set "
+                                    r"trainer.mini_batches <= 128"),
+    ({"trainer.epochs": 0}, r"trainer.epochs must be >= 1, got 0"),
+    ({"rollout_correction.cap": 1.0}, r"rollout_correction.cap must be a number > 1 .* got 1.0"),
+    ({"rollout_correction.mode": "is"}, r"rollout_correction.mode = 'is' is not one of \['none', 'tis', 'mis'\]"),
+    ({"rollout_correction.level": "batch"}, r"rollout_correction.level = 'batch' is not one of"),
+    ({"weightsync.sync_every": 3, "max_policy_age": 2}, r"sync_every = 3 .* set max_policy_age >= 3"),
+    ({"fill_rounds": 3, "filter_groups": False}, r"fill_rounds = 3 refills the groups filter_groups drops; set filter_groups: true"),
+    ({"rollout_correction.mode": "tis", "loss": {"name": "tests.unit.custom_loss_example:ScaledReinforceLoss"}},
+     r"tis needs a loss whose forward takes token_weights, and loss.name .* does not: add `token_weights=None`"),
+])
+def test_policy_update_settings_are_refused_before_any_worker_starts(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        load_config("configs/grpo_math_tiny.yaml", {"prompts_per_step": 16, "group_size": 8, **overrides})
+
+
+def test_policy_update_settings_reach_the_trainer():
+    from infra import components as C
+
+    cfg = load_config("configs/grpo_math_tiny.yaml", {"trainer.mini_batches": 4, "trainer.epochs": 2,
+                                                      "trainer.warmup_steps": 3, "rollout_correction.mode": "mis"})
+    s = C.trainer_settings(cfg)
+    assert (s.mini_batches, s.epochs) == (4, 2)
+    assert (s.warmup_steps, s.total_steps) == (24, cfg.steps * 8)  # the optimizer's schedule counts its own steps
+    assert cfg.rollout_correction.mode == "mis" and cfg.rollout_correction.cap == 2.0
+
+
+def test_dr_grpo_loss_implies_mean_only_advantages_unless_set():
+    assert load_config(None, {"loss.name": "dr_grpo"}).advantage.name == "dr_grpo"
+    assert load_config(None, {"loss.name": "dr_grpo", "advantage.name": "rloo"}).advantage.name == "rloo"
+    assert load_config(None, {"loss.name": "grpo"}).advantage.name == "grpo"

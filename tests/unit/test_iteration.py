@@ -8,14 +8,15 @@ import pytest
 from forge_core.protocols import (
     GeneratorRole,
     PolicyTrainer,
+    ReadyBatch,
     ReferenceScorer,
     RewardScorer,
     RolledBack,
     StepRecorder,
 )
 from forge_core.recipes.iteration import Roles, run_grpo_steps, run_iteration
-from forge_core.recipes.local import ReadyBatch
 from forge_core.schedule import Schedule
+from forge_core.types import Completion, Episode, Group
 
 
 class Log(list):
@@ -23,24 +24,31 @@ class Log(list):
         return [e for e in self if e.startswith(prefix)]
 
 
+def fake_batch(step: int, version: int) -> tuple[list[Group], dict]:
+    """One group for `step`, sampled by policy `version`."""
+    episode = Episode("p", "t", [1], Completion("x", [2], [-0.5], policy_version=version))
+    return [Group(f"groups {step}", "t", [episode])], {"rollout/step": float(step)}
+
+
 class FakeGenerator:
     def __init__(self, log: Log):
-        self.log = log
+        self.log, self.version = log, 0  # the version it holds (what it samples with)
 
     def rollout(self, step):
         self.log.append(f"rollout {step}")
-        return [f"groups {step}"], {"rollout/step": float(step)}
+        return fake_batch(step, self.version)
 
     def rollout_ahead(self, step):
         self.log.append(f"ahead {step}")
-        return ReadyBatch(([f"groups {step}"], {"rollout/step": float(step)}))
+        return ReadyBatch(fake_batch(step, self.version))
 
-    def resume_ahead(self, step):
-        self.log.append(f"resume_ahead {step}")
-        return ReadyBatch(([f"groups {step}"], {"rollout/step": float(step)}))
+    def resume_ahead(self, step, count):
+        self.log.append(f"resume_ahead {step} x{count}")
+        return [ReadyBatch(fake_batch(step + i, self.version)) for i in range(count)]
 
     def sync(self, version):
         self.log.append(f"sync {version}")
+        self.version = version
         return {}
 
     def evaluate(self, version):
@@ -60,9 +68,11 @@ class FakeScorer:
 class FakeTrainer:
     def __init__(self, log: Log, lose_at: dict | None = None):
         self.log, self.lose_at = log, dict(lose_at or {})  # {("train"|"checkpoint", step): restored step}
+        self.versions: list[int] = []  # the behaviour version of each trained batch
 
     def train(self, step, groups):
-        assert groups == [f"groups {step}"]  # the batch of this very step
+        assert [g.prompt for g in groups] == [f"groups {step}"]  # the batch of this very step
+        self.versions.append(groups[0].episodes[0].completion.policy_version)
         if ("train", step) in self.lose_at:
             raise RolledBack(self.lose_at.pop(("train", step)))
         self.log.append(f"train {step}")
@@ -71,7 +81,7 @@ class FakeTrainer:
     def checkpoint(self, version, ahead):
         if ("checkpoint", version) in self.lose_at:
             raise RolledBack(self.lose_at.pop(("checkpoint", version)))
-        self.log.append(f"checkpoint {version}" + (" +ahead" if ahead is not None else ""))
+        self.log.append(f"checkpoint {version}" + "".join(f" +{b.result()[0][0].prompt[7:]}" for b in ahead))
         return f"step-{version}"
 
 
@@ -106,9 +116,9 @@ def test_the_fakes_are_the_roles():
 
 def test_one_on_policy_iteration_in_order():
     log = Log()
-    ahead = run_iteration(roles(log, reference=True), Schedule(steps=4, eval_every=2, checkpoint_every=2), 1, None,
+    ahead = run_iteration(roles(log, reference=True), Schedule(steps=4, eval_every=2, checkpoint_every=2), 1, [],
                           FakeRecorder(log))
-    assert ahead is None
+    assert ahead == []
     assert log == ["rollout 1", "reward 1", "reference 1", "train 1", "sync 2", "evaluate 2", "record 2",
                    "checkpoint 2", "registered step-2"]
 
@@ -120,7 +130,7 @@ def test_the_schedule_spaces_syncs_evals_and_checkpoints():
     run_grpo_steps(roles(log), schedule, 0, recorder)
     assert log.names("sync") == ["sync 2", "sync 3", "sync 4", "sync 6"]
     assert log.names("evaluate") == ["evaluate 2", "evaluate 4", "evaluate 6"]
-    assert log.names("checkpoint") == ["checkpoint 3 +ahead", "checkpoint 6"]  # step 4's batch sampled ahead
+    assert log.names("checkpoint") == ["checkpoint 3 +3", "checkpoint 6"]  # step 3's batch sampled ahead
     assert recorder.steps == [1, 2, 3, 4, 5, 6]
 
 
@@ -129,7 +139,7 @@ def test_pipelined_rollouts_start_before_the_step_trains():
     run_grpo_steps(roles(log), Schedule(steps=3, max_policy_age=1), 0, FakeRecorder(log))
     assert log.names("rollout") == []  # every batch was started ahead
     assert [e for e in log if e.split()[0] in ("resume_ahead", "ahead", "train")] == [
-        "resume_ahead 0", "ahead 1", "train 0", "ahead 2", "train 1", "train 2"]
+        "resume_ahead 0 x1", "ahead 1", "train 0", "ahead 2", "train 1", "train 2"]
 
 
 @pytest.mark.parametrize("where,step,restored", [("train", 3, 2), ("checkpoint", 4, 2)])
@@ -143,10 +153,40 @@ def test_a_rolled_back_trainer_supersedes_the_later_steps_and_redoes_them(where,
     assert recorder.steps == [1, 2, 3, 4, 5, 6]  # each step once, after the rollback
     assert log.names("train").count(f"train {restored}") == 2  # redone from the restored checkpoint
     if pipelined:
-        assert log[log.index(f"rollback {restored}") + 1] == f"resume_ahead {restored}"
+        assert log[log.index(f"rollback {restored}") + 1] == f"resume_ahead {restored} x1"
 
 
 def test_a_run_resumed_at_its_last_step_does_nothing():
     log = Log()
     run_grpo_steps(roles(log), Schedule(steps=3, max_policy_age=1), 3, FakeRecorder(log))
     assert log == []
+
+
+def test_max_policy_age_two_keeps_two_rollouts_in_flight_and_saves_both_with_checkpoints():
+    log = Log()
+    r = roles(log)
+    schedule = Schedule(steps=6, checkpoint_every=2, max_policy_age=2)
+    run_grpo_steps(r, schedule, 0, FakeRecorder(log))
+    assert schedule.lookahead == 2
+    assert log.names("resume_ahead") == ["resume_ahead 0 x2"]
+    assert log.names("ahead") == ["ahead 2", "ahead 3", "ahead 4", "ahead 5"]  # step s starts s + 2
+    assert log.names("checkpoint") == ["checkpoint 2 +2 +3", "checkpoint 4 +4 +5", "checkpoint 6"]
+    assert r.trainer.versions == [0, 0, 0, 1, 2, 3]  # each batch sampled two versions before it trains
+    assert all(s - v <= 2 for s, v in enumerate(r.trainer.versions))
+
+
+def test_a_batch_older_than_max_policy_age_is_dropped_and_sampled_again():
+    log = Log()
+    r = roles(log)
+    stale = [ReadyBatch(fake_batch(3, 0))]  # step 3 sampled by version 0: three versions old
+    ahead = run_iteration(r, Schedule(steps=6, max_policy_age=2), 3, stale, FakeRecorder(log))
+    assert "rollout 3" in log and r.trainer.versions == [0]  # sampled again, with what the generator holds now
+    assert [b.result()[0][0].prompt for b in ahead] == ["groups 5"]
+
+
+def test_lookahead_leaves_room_for_spaced_syncs():
+    # a batch is at most max_policy_age old: sync_every - 1 versions between syncs plus the lookahead
+    for age, every in [(1, 1), (2, 1), (3, 2), (4, 4), (3, 3)]:
+        schedule = Schedule(steps=40, sync_every=every, max_policy_age=age)
+        assert all(step - schedule.behaviour_version(step) <= age for step in range(40))
+        assert schedule.lookahead == age - every + 1

@@ -30,5 +30,6 @@ def test_rollouts_are_pinned_to_the_version_the_uninterrupted_schedule_samples_w
     # sync_every > 1 needs max_policy_age >= 1, so it pipelines: step s samples while s - 1 trains
     spaced = config(**{"weightsync.sync_every": 4})
     assert [spaced.behaviour_version(s) for s in range(9)] == [0, 0, 0, 0, 0, 4, 5, 6, 6]
-    assert [config().behaviour_version(s) for s in range(4)] == [0, 0, 1, 2]
+    assert [config().behaviour_version(s) for s in range(6)] == [0, 0, 0, 0, 0, 1]  # 4 rollouts ahead
+    assert [config(max_policy_age=1).behaviour_version(s) for s in range(4)] == [0, 0, 1, 2]
     assert [config(max_policy_age=0).behaviour_version(s) for s in range(4)] == [0, 1, 2, 3]

@@ -1,0 +1,94 @@
+"""One RL step's policy update: proximal logprobs, rollout correction, then `epochs` passes over `mini_batches`
+shuffled mini-batches, each one optimizer step (made of micro-batches, normalised over its own tokens).
+
+Three policies are kept apart: behaviour (the generator's logprobs in targets["old_logprobs"]), proximal (the
+trainer's weights at the start of the step, computed once without gradient when it can differ from behaviour) and
+current (what is being trained). PPO-style clipping is current / proximal; rollout correction is proximal / behaviour.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+
+from forge_core.training.correction import RolloutCorrection, correct_rollout
+
+StepFn = Callable[[list[dict], dict], dict[str, float]]  # one optimizer step on (inputs, targets) -> its metrics
+SUMMARISED_MAX = ("clip_frac", "ratio_", "kl", "entropy", "grad_norm")  # keys that also get a `_max` over steps
+
+
+def accepts_token_weights(loss) -> bool:
+    """Whether a loss module (or class) names `token_weights` in its forward (TIS needs it; `**kwargs` does not
+    count: such a loss would drop the weights without a word)."""
+    forward = loss.forward if hasattr(loss, "forward") else loss
+    return "token_weights" in inspect.signature(forward).parameters
+
+
+def needs_proximal(mini_batches: int, epochs: int, stale: bool, correction: RolloutCorrection) -> bool:
+    """Whether the proximal policy can differ from the behaviour one, so it must be computed."""
+    return mini_batches * epochs > 1 or stale or correction.enabled
+
+
+def mini_batch_rows(num_rows: int, mini_batches: int, seed: int) -> list[torch.Tensor]:
+    """Row indices of each mini-batch: a seeded shuffle split into min(mini_batches, rows) near-equal parts."""
+    if mini_batches == 1:
+        return [torch.arange(num_rows)]
+    order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed))
+    return [part for part in torch.tensor_split(order, min(mini_batches, num_rows)) if part.numel()]
+
+
+def select_rows(inputs: list[dict], targets: dict, rows: torch.Tensor) -> tuple[list[dict], dict]:
+    """The rows `rows` of a batch in the Trainer contract."""
+    picked = {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in targets.items()}
+    return [inputs[i] for i in rows.tolist()], picked
+
+
+def summarise_steps(per_step: list[dict[str, float]], epochs: int) -> dict[str, float]:
+    """Mean of each metric over the optimizer steps (and the max of ratio/clip/KL/entropy/grad-norm ones)."""
+    keys = sorted({k for m in per_step for k in m})
+    out: dict[str, float] = {}
+    for k in keys:
+        values = [m[k] for m in per_step if k in m]
+        if k == "num_tokens":  # the batch's tokens: every epoch sees all of them once
+            out[k] = sum(values) / epochs
+            continue
+        out[k] = sum(values) / len(values)
+        if any(tag in k for tag in SUMMARISED_MAX):
+            out[f"{k}_max"] = max(values)
+    out["optimizer_steps"] = float(len(per_step))
+    return out
+
+
+def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stale: bool = False,
+                  correction: RolloutCorrection | None = None, step_fn: StepFn | None = None) -> dict[str, float]:
+    """All optimizer steps of one RL step on a batch (inputs/targets in the Trainer contract, targets' old_logprobs
+    = behaviour [B, T]). Returns the steps' loss metrics (unprefixed) plus rollout/* correction metrics.
+    `step_fn` runs one optimizer step (default: trainer.train_step; a sharded trainer all-reduces normalisers)."""
+    s = trainer.settings
+    correction = correction or RolloutCorrection()
+    step_fn = step_fn or (lambda i, t: (trainer.train_step(i, t), dict(trainer.metrics))[1])
+    extra: dict[str, float] = {}
+    behaviour = targets.get("old_logprobs")
+    if behaviour is not None and needs_proximal(s.mini_batches, s.epochs, stale, correction):
+        mask = targets["padding_mask"].bool()
+        proximal = trainer.proximal_logprobs(inputs, mask).to(behaviour.device)
+        fix = correct_rollout(proximal, behaviour, mask, correction)
+        targets = {**targets, "old_logprobs": proximal}
+        if correction.mode == "mis":
+            targets["loss_mask"] = fix.mask  # padding_mask still locates the response tokens
+        if fix.token_weights is not None:
+            if not accepts_token_weights(trainer.loss_fn):
+                raise ValueError(f"rollout_correction.mode tis needs a loss whose forward takes token_weights; "
+                                 f"{type(trainer.loss_fn).__name__} does not — add the argument or use mode: mis")
+            targets["token_weights"] = fix.token_weights
+        extra.update(fix.metrics)
+    if s.mini_batches == 1 and s.epochs == 1:
+        per_step = [step_fn(inputs, targets)]  # today's single step, untouched
+    else:
+        per_step = []
+        for epoch in range(s.epochs):
+            for rows in mini_batch_rows(len(inputs), s.mini_batches, seed + 104_729 * epoch):
+                per_step.append(step_fn(*select_rows(inputs, targets, rows)))
+    return {**summarise_steps(per_step, s.epochs), **extra}

@@ -1,0 +1,159 @@
+"""PPO mini-batches and epochs, the proximal policy and rollout correction (TIS/MIS) of one RL step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from forge_core.losses import get_loss
+from forge_core.models import load_model_and_tokenizer
+from forge_core.training import Trainer, TrainerSettings
+from forge_core.training.batching import collate
+from forge_core.training.correction import RolloutCorrection, correct_rollout
+from forge_core.training.update import mini_batch_rows, select_rows, update_policy
+from tests.unit.custom_loss_example import ScaledReinforceLoss
+from tests.unit.test_trainer import make_batch
+
+
+def fresh(loss="grpo", dtype=torch.float32, **settings) -> tuple[Trainer, object]:
+    model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
+    model = model.to(dtype)
+    loss = get_loss(loss) if isinstance(loss, str) else loss
+    return Trainer(model, loss, TrainerSettings(**settings), tok.pad_token_id), tok
+
+
+def params(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
+def test_one_mini_batch_one_epoch_is_todays_step_bit_for_bit():
+    today, tok = fresh("dapo", lr=1e-3)
+    new, _ = fresh("dapo", lr=1e-3)
+    inputs, targets = make_batch(tok)
+    today.train_step(inputs, targets)
+    metrics = update_policy(new, inputs, targets, seed=3)
+    for p, q in zip(params(today), params(new), strict=True):
+        assert torch.equal(p, q)
+    assert metrics["loss"] == today.metrics["loss"] and metrics["optimizer_steps"] == 1.0
+    assert "rollout/behaviour_kl_k3" not in metrics  # on-policy, one update: no proximal pass
+
+
+def test_k_mini_batches_are_k_sequential_optimizer_steps_against_the_proximal_policy():
+    auto, tok = fresh("dapo", lr=1e-3, mini_batches=3)
+    hand, _ = fresh("dapo", lr=1e-3)
+    inputs, targets = make_batch(tok)
+    metrics = update_policy(auto, inputs, targets, seed=11)
+    proximal = hand.proximal_logprobs(inputs, targets["padding_mask"])  # before any step: the start weights
+    by_hand = {**targets, "old_logprobs": proximal}
+    losses = []
+    for rows in mini_batch_rows(len(inputs), 3, 11):
+        hand.train_step(*select_rows(inputs, by_hand, rows))  # DAPO's token-mean over this mini-batch's tokens
+        losses.append(hand.metrics["loss"])
+    for p, q in zip(params(auto), params(hand), strict=True):
+        assert torch.equal(p, q)
+    assert metrics["optimizer_steps"] == 3.0 and auto.step == 3
+    assert metrics["loss"] == pytest.approx(sum(losses) / 3)
+    assert metrics["grad_norm_max"] >= metrics["grad_norm"]
+
+
+def test_mini_batches_are_a_seeded_shuffle_of_every_row_once():
+    a, b = mini_batch_rows(10, 4, 5), mini_batch_rows(10, 4, 5)
+    assert [x.tolist() for x in a] == [x.tolist() for x in b]
+    assert sorted(torch.cat(a).tolist()) == list(range(10)) and len(a) == 4
+    assert [x.tolist() for x in mini_batch_rows(10, 4, 6)] != [x.tolist() for x in a]
+    assert len(mini_batch_rows(3, 8, 0)) == 3  # never an empty mini-batch
+
+
+def test_proximal_logprobs_are_the_log_softmax_of_the_start_weights_at_float64():
+    trainer, tok = fresh(dtype=torch.float64, micro_batch_size=2)
+    inputs, targets = make_batch(tok)
+    mask = targets["padding_mask"]
+    got = trainer.proximal_logprobs(inputs, mask)
+    batch = collate(inputs, mask, tok.pad_token_id)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=batch.tokens, attention_mask=batch.attention_mask).logits.double()
+    logp = torch.log_softmax(logits, -1)
+    for i in range(len(inputs)):
+        for t in range(int(mask[i].sum())):
+            pos = int(batch.positions[i, t])
+            want = logp[i, pos - 1, batch.tokens[i, pos]].item()
+            assert got[i, t].item() == pytest.approx(want, abs=1e-10)
+    assert got.dtype == torch.float64 and not got.requires_grad
+    assert (got[~mask] == 0).all()
+
+
+def test_tis_and_mis_weights_by_hand_at_float64():
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    behaviour = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, 0.0]], dtype=torch.float64)
+    proximal = torch.tensor([[-0.2, -2.5, -0.5], [-1.5, -1.0, 9.0]], dtype=torch.float64)  # padding garbage
+    w = [[math.exp(0.8), math.exp(-0.5), 1.0], [math.exp(-0.5), 1.0]]
+    tis = correct_rollout(proximal, behaviour, mask, RolloutCorrection("tis", "token", 2.0))
+    assert tis.token_weights[0].tolist() == pytest.approx([2.0, w[0][1], 1.0])  # e^0.8 = 2.23 truncated at 2
+    assert tis.token_weights[1, :2].tolist() == pytest.approx(w[1])
+    assert tis.metrics["rollout/is_truncated_frac"] == pytest.approx(1 / 5)
+    assert tis.metrics["rollout/is_weight_max"] == pytest.approx(math.exp(0.8))
+    assert tis.metrics["rollout/behaviour_logprob_diff_max"] == pytest.approx(0.8)
+    deltas = [0.8, -0.5, 0.0, -0.5, 0.0]
+    k3 = sum(math.exp(d) - 1 - d for d in deltas) / 5
+    assert tis.metrics["rollout/behaviour_kl_k3"] == pytest.approx(k3)
+
+    mis = correct_rollout(proximal, behaviour, mask, RolloutCorrection("mis", "token", 2.0))
+    assert mis.token_weights is None
+    assert mis.mask.tolist() == [[False, True, True], [True, True, False]]  # 2.23 > 2 dropped, 0.61 ≥ 0.5 kept
+    assert mis.metrics["rollout/is_masked_frac"] == pytest.approx(1 / 5)
+
+    seq = correct_rollout(proximal, behaviour, mask, RolloutCorrection("tis", "sequence", 2.0))
+    assert seq.token_weights[0].tolist() == pytest.approx([math.exp(0.3)] * 3)  # e^(0.8-0.5) = 1.35 per token
+    assert seq.token_weights[1, 0].item() == pytest.approx(math.exp(-0.5))
+    seq_mis = correct_rollout(proximal, behaviour, mask, RolloutCorrection("mis", "sequence", 1.6))
+    assert seq_mis.mask.tolist() == [[True, True, True], [False, False, False]]  # 1.35 ≤ 1.6, 0.61 < 1/1.6
+
+
+def test_tis_weights_scale_each_tokens_gradient():
+    inputs_grad = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    mask, adv = torch.ones(1, 2, dtype=torch.bool), torch.tensor([1.0])
+    weights = torch.tensor([[2.0, 0.5]])
+    loss = get_loss("reinforce")
+    loss(inputs_grad, None, adv, mask, token_weights=weights).backward()
+    assert inputs_grad.grad[0].tolist() == pytest.approx([-2.0 / 2, -0.5 / 2])  # -A·w per token, token-mean
+
+
+def test_epochs_make_the_clip_engage_and_the_losses_differ():
+    inputs, targets = None, None
+    grads = {}
+    for name in ("grpo", "gspo"):
+        trainer, tok = fresh(name, lr=3e-3, epochs=4)
+        inputs, targets = make_batch(tok, seed=1)
+        on_policy = {**targets, "old_logprobs": trainer.proximal_logprobs(inputs, targets["padding_mask"])}
+        metrics = update_policy(trainer, inputs, on_policy, seed=0)
+        assert metrics["optimizer_steps"] == 4.0
+        assert metrics["clip_frac_low_max"] + metrics["clip_frac_high_max"] > 0, name  # ratios left the clip range
+        assert metrics["ratio_max_max"] > 1.0
+        grads[name] = params(trainer)
+    assert any(not torch.equal(p, q) for p, q in zip(grads["grpo"], grads["gspo"], strict=True))
+
+
+def test_a_custom_loss_of_todays_contract_trains_with_mini_batches_and_mis():
+    trainer, tok = fresh(ScaledReinforceLoss(scale=2.0), lr=1e-3, mini_batches=2, epochs=2)
+    inputs, targets = make_batch(tok)
+    mask = targets["padding_mask"]
+    noise = 0.4 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
+    targets["old_logprobs"] = torch.where(mask, trainer.proximal_logprobs(inputs, mask) + noise, 0.0)  # behaviour
+    before = params(trainer)
+    metrics = update_policy(trainer, inputs, targets, seed=0, correction=RolloutCorrection("mis", "token", 1.5))
+    assert metrics["optimizer_steps"] == 4.0 and metrics["scale"] == 2.0
+    assert 0 < metrics["rollout/is_masked_frac"] < 1  # |noise| > log 1.5 masks a token
+    assert any(not torch.equal(p, q) for p, q in zip(before, params(trainer), strict=True))
+    with pytest.raises(ValueError, match="tis needs a loss whose forward takes token_weights"):
+        update_policy(trainer, inputs, targets, seed=0, correction=RolloutCorrection("tis"))
+
+
+def test_masked_tokens_leave_the_loss_and_its_normaliser():
+    trainer, tok = fresh("dapo", lr=1e-3)
+    inputs, targets = make_batch(tok)
+    keep = targets["padding_mask"].clone()
+    keep[3, :4] = False  # mask half of row 3's tokens
+    trainer.train_step(inputs, {**targets, "loss_mask": keep})
+    assert trainer.metrics["num_tokens"] == float(keep.sum())
