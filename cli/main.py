@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from infra.interrupts import INTERRUPTED, note_interrupt
 from infra.orphan_guard import start_orphan_guard
 
 
@@ -239,15 +240,6 @@ def quiet_libraries() -> None:
         transformers.logging.disable_progress_bar()
     except ImportError:
         pass
-
-
-INTERRUPTED: list[int] = []
-
-
-def note_interrupt(signum, frame) -> None:
-    """SIGINT handler: remember it, then behave as Python's default (KeyboardInterrupt)."""
-    INTERRUPTED.append(signum)
-    raise KeyboardInterrupt
 
 
 def report_interrupt() -> int:

@@ -5,7 +5,8 @@
       (generator replicas)             (reward workers)     (reference, beta>0)    (trainer: publishes v = s+1)
                                               every checkpoint.every: checkpoint-v   every eval.every: evaluate-v
 
-With max_policy_age >= 1 the rollout of s+1 runs while s trains (behaviour logprobs correct the ratio). Recovery
+With max_policy_age N >= 1 the rollouts of the next steps run while s trains (as many as keep every batch at most N
+versions old; the trainer clips against its proximal policy and rollout_correction weighs by behaviour). Recovery
 (tasks/recovery.py) restarts a lost worker inside the failed task's retry; a rolled-back trainer ends the step with
 RolledBack and the spine continues from the restored checkpoint.
 Run it: `forgeflow grpo --config configs/grpo_math_tiny.yaml --trainer.lr 3e-5` or `python -m flows.grpo …`.
@@ -28,6 +29,7 @@ from infra import checkpoints as ckpt
 from infra import components as C
 from infra.config import dump_config
 from infra.config_checks import load_config
+from infra.interrupts import interrupted_by
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
 from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS
@@ -113,12 +115,13 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
                 records.checkpoint(cfg.steps, final, kind="final")
             finally:
                 unregister_run(run_id)
-    except KeyboardInterrupt:
-        records.finish("interrupted", message=f"interrupted (Ctrl-C): `forgeflow resume {run_id}` continues it")
-        log.warning("run %s interrupted; workers stopped. Continue it with: forgeflow resume %s", run_id, run_id)
-        raise
     except BaseException as exc:
-        records.finish("failed", message=f"{type(exc).__name__}: {exc}"[:2000])
+        if not interrupted_by(exc):
+            records.finish("failed", message=f"{type(exc).__name__}: {exc}"[:2000])
+            raise
+        # said first: finishing the records may fail too once Ctrl-C has stopped the embedded servers
+        log.warning("run %s interrupted; workers stopped. Continue it with: forgeflow resume %s", run_id, run_id)
+        records.finish("interrupted", message=f"interrupted (Ctrl-C): `forgeflow resume {run_id}` continues it")
         raise
     summary = {"run_id": run_id, "run_name": run_name, "acc_before": before["eval/accuracy"],
                "acc_after": after["eval/accuracy"], "start_step": start,

@@ -78,7 +78,7 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
 
 
 def check_policy_update(cfg: RunConfig, where: str) -> None:
-    """Mini-batches that fit the batch, a sane rollout correction, and what pipeline stages cannot do yet."""
+    """Mini-batches that fit the batch, a sane rollout correction, refill rounds only with filter_groups."""
     t, rc = cfg.trainer, cfg.rollout_correction
     sequences = cfg.prompts_per_step * cfg.group_size
     dp = data_parallel_degree(cfg)
@@ -90,11 +90,6 @@ def check_policy_update(cfg: RunConfig, where: str) -> None:
         rc.validate()
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
-    if t.backend == "titan" and t.pipeline_parallel_degree > 1 and (t.mini_batches * t.epochs > 1 or rc.enabled):
-        raise ValueError(f"{where}: trainer.pipeline_parallel_degree {t.pipeline_parallel_degree} trains one "
-                         "optimizer step per batch and cannot score the proximal policy yet: set trainer.mini_batches "
-                         "and trainer.epochs to 1 and rollout_correction.mode: none, or use FSDP "
-                         "(pipeline_parallel_degree: 1)")
     if cfg.fill_rounds > 1 and not cfg.filter_groups:
         raise ValueError(f"{where}: fill_rounds = {cfg.fill_rounds} refills the groups filter_groups drops; set "
                          "filter_groups: true (or fill_rounds: 1)")

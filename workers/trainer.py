@@ -255,10 +255,9 @@ class TrainerWorker(Worker):
             def step_fn(inputs, targets):
                 rows = torch.arange(dp_rank, len(inputs), dp_size)
                 return self._step_sharded(self.trainer, *select_rows(inputs, targets, rows))
-        # pipeline stages cannot score the proximal policy yet: a stale batch keeps behaviour as proximal there
         return steps.train_on_episodes(self.trainer, episodes, self.tokenizer.pad_token_id, step=step,
                                        seed=self.cfg.seed, correction=self.cfg.rollout_correction,
-                                       stale=stale and self.pp == 1, step_fn=step_fn)
+                                       stale=stale, step_fn=step_fn)
 
     def _step_sharded(self, trainer: Trainer, inputs: list[dict], targets: dict) -> dict[str, float]:
         """One optimizer step of a multi-rank trainer on this rank's slice of the batch; the batch's metrics."""

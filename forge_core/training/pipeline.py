@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from forge_core.training.batching import collate
-from forge_core.training.logprobs import gather_logprobs, token_entropy
-from forge_core.training.trainer import StepTotals, Trainer
+from forge_core.training.logprobs import at_least_fp32, gather_logprobs, token_entropy
+from forge_core.training.trainer import StepTotals, Trainer, loss_mask_of
 
 
 class PipelineTrainer(Trainer):
@@ -38,9 +38,9 @@ class PipelineTrainer(Trainer):
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
         self.model.train()
-        mask = targets["padding_mask"].bool()
-        num_tokens = num_tokens or mask.sum().clamp(min=1).item()
-        num_seqs = num_seqs or (mask.sum(-1) > 0).sum().clamp(min=1).item()
+        mask, kept = targets["padding_mask"].bool(), loss_mask_of(targets)
+        num_tokens = num_tokens or kept.sum().clamp(min=1).item()
+        num_seqs = num_seqs or (kept.sum(-1) > 0).sum().clamp(min=1).item()
         batch = collate(inputs, mask, self.pad_id)
         rows = len(inputs)
         n_micro = min(rows, max(-(-rows // self.settings.micro_batch_size), self.num_stages))
@@ -85,17 +85,56 @@ class PipelineTrainer(Trainer):
                         "num_tokens": float(num_tokens), **totals.weighted}
         return totals.loss
 
+    @torch.no_grad()
+    def proximal_logprobs(self, inputs: list[dict], padding_mask: torch.Tensor) -> torch.Tensor:
+        """Logprobs [B, T] of the response tokens under the weights of now, on every stage (collective over the
+        pipeline group): the stages run their part on one micro-batch after another, passing hidden states on by
+        send/recv (no schedule: nothing flows back), and the last stage broadcasts the result."""
+        self.model.train()
+        mask = padding_mask.bool()
+        batch = collate(inputs, mask, self.pad_id)
+        tokens, positions = batch.tokens.to(self.device), batch.positions.to(self.device)
+        (in_dtype, in_dim), (out_dtype, _) = self._boundary_meta()
+        prev, nxt, last = (dist.get_global_rank(self.group, s) if 0 <= s < self.num_stages else None
+                           for s in (self.stage_index - 1, self.stage_index + 1, self.num_stages - 1))
+        parts = []
+        for start in range(0, len(inputs), self.settings.micro_batch_size):
+            sl = slice(start, start + self.settings.micro_batch_size)
+            x = tokens[sl]
+            if not self.first:
+                x = torch.empty((*x.shape, in_dim), dtype=in_dtype, device=self.device)
+                dist.recv(x, src=prev, group=self.group)
+            out = self.stage_module(x)
+            out = out.to_local() if hasattr(out, "to_local") else out
+            if self.last:
+                parts.append(self._response_logprobs(out, positions[sl], tokens[sl]))
+            else:
+                dist.send(out.contiguous(), dst=nxt, group=self.group)
+        lp = (torch.cat(parts) if self.last else
+              torch.empty(mask.shape, dtype=torch.promote_types(out_dtype, torch.float32), device=self.device))
+        dist.broadcast(lp, src=last, group=self.group)
+        return torch.where(mask.to(lp.device), lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
+
+    def _response_logits(self, output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [b, T, V] that predict the response tokens at `positions` [b, T], from the last stage's output."""
+        picked = output.gather(1, (positions - 1).clamp(min=0)[..., None].expand(-1, -1, output.shape[-1]))
+        return self.head(picked) if self.head is not None else picked  # hidden states: the head on these only
+
+    def _response_logprobs(self, output, positions, tokens) -> torch.Tensor:
+        """Logprobs [b, T] (at least float32) of the response tokens from the last stage's output."""
+        logits = self._response_logits(output, positions)
+        return at_least_fp32(gather_logprobs(logits, tokens.gather(1, positions), self.settings.temperature))
+
     def _loss(self, output, index, data, totals: StepTotals, num_tokens, num_seqs) -> torch.Tensor:
         """The policy loss of one micro-batch (rows `index` of the padded batch) from the last stage's output."""
-        positions, mask = data["positions"][index], data["mask"][index]
-        picked = output.gather(1, (positions - 1).clamp(min=0)[..., None].expand(-1, -1, output.shape[-1]))
-        if self.head is not None:  # hidden states: logits at the response positions only
-            picked = self.head(picked)
+        positions = data["positions"][index]
+        picked = self._response_logits(output, positions)
         lp = gather_logprobs(picked, data["tokens"][index].gather(1, positions), self.settings.temperature)
         ent = token_entropy(picked if self.settings.entropy_coef else picked.detach(), self.settings.temperature)
         rows = lambda key: data[key][index] if key in data else None  # noqa: E731
-        return self.micro_batch_loss(lp, ent, mask, rows("ref_logprobs"), rows("advantages"), rows("old_logprobs"),
-                                     num_tokens, num_seqs, totals)
+        kept = data["mask"][index] & (rows("loss_mask").bool() if "loss_mask" in data else True)
+        return self.micro_batch_loss(lp, ent, kept, rows("ref_logprobs"), rows("advantages"),
+                                     rows("old_logprobs"), num_tokens, num_seqs, totals, rows("token_weights"))
 
     def _boundary_meta(self) -> tuple[tuple[torch.dtype, int], tuple[torch.dtype, int]]:
         """((dtype, last dim) of this stage's input, same of its output), found once by running each stage in

@@ -43,5 +43,5 @@ def run_pool_iteration(pool, splits, n: int, group_size: int, step: int) -> dict
     roles = Roles(UnpinnedGenerator(pool, part, schedule, n, group_size, cfg.seed), RemoteRewardScorer(pool),
                   RemoteTrainer(pool, pool.run_dir / "checkpoints"), reference)
     recorder = HistoryRecorder()
-    run_iteration(roles, schedule, step, None, recorder)
+    run_iteration(roles, schedule, step, [], recorder)
     return recorder.history[-1]

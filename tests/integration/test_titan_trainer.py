@@ -82,10 +82,14 @@ def test_titan_tensor_parallel_matches_hf_backend(tmp_path):
     assert_same_training(*(train_two_steps(cfg[b], tmp_path / b, groups) for b in ("hf", "titan")))
 
 
-@pytest.mark.parametrize("procs", [2, 4], ids=["pp2", "pp2-fsdp2"])
-def test_titan_pipeline_stages_match_hf_backend_and_checkpoint_reshards(tmp_path, procs):
+@pytest.mark.parametrize("procs, update", [(2, {}), (4, {}), (2, {"trainer.mini_batches": 2,
+                                                                   "rollout_correction.mode": "tis"})],
+                         ids=["pp2", "pp2-fsdp2", "pp2-2mini-tis"])
+def test_titan_pipeline_stages_match_hf_backend_and_checkpoint_reshards(tmp_path, procs, update):
+    # step 1 trains the batch sampled by version 0 again (stale): both score the proximal policy (the stages with a
+    # forward-only pass) and clip against it; with TIS they weigh by proximal / behaviour
     path, untied, tok = untied_model(tmp_path)
-    common = {**SETTINGS, "model.path": str(path), "trainer.procs": 2, "trainer.micro_batch_size": 5}
+    common = {**SETTINGS, **update, "model.path": str(path), "trainer.procs": 2, "trainer.micro_batch_size": 5}
     hf_cfg = tiny_config("local", **common)
     pp_cfg = tiny_config("local", **{**common, "trainer.backend": "titan", "trainer.pipeline_parallel_degree": 2,
                                      "trainer.procs": procs})  # 4: FSDP over 2 ranks inside each stage
@@ -93,6 +97,10 @@ def test_titan_pipeline_stages_match_hf_backend_and_checkpoint_reshards(tmp_path
     hf, pp = train_two_steps(hf_cfg, tmp_path / "hf", groups), train_two_steps(pp_cfg, tmp_path / "pp", groups)
     assert_same_training(hf, pp)
     assert pp[0][0]["loss/entropy"] == pytest.approx(hf[0][0]["loss/entropy"], rel=1e-5)  # from the last stage
+    shared = {k for k in hf[0][1] if k.startswith(("rollout/behaviour", "rollout/is_"))}
+    assert "rollout/behaviour_kl_k3" in shared and ("rollout/is_weight_mean" in shared) == bool(update)
+    assert shared == {k for k in pp[0][1] if k.startswith(("rollout/behaviour", "rollout/is_"))}
+    assert {k: pp[0][1][k] for k in shared} == pytest.approx({k: hf[0][1][k] for k in shared}, rel=1e-4, abs=1e-7)
     # the stages' checkpoint keys are the whole model's: an FSDP titan trainer resumes from it
     fsdp_cfg = tiny_config("local", **common, **{"trainer.backend": "titan"})
     with WorkerPool(fsdp_cfg, tmp_path / "fsdp", roles=("trainer",)) as pool:

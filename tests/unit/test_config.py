@@ -150,6 +150,8 @@ def test_named_sections_are_typed_and_round_trip_in_their_yaml_shape(tmp_path):
     ({"rollout_correction.mode": "is"}, r"rollout_correction.mode = 'is' is not one of \['none', 'tis', 'mis'\]"),
     ({"rollout_correction.level": "batch"}, r"rollout_correction.level = 'batch' is not one of"),
     ({"weightsync.sync_every": 3, "max_policy_age": 2}, r"sync_every = 3 .* set max_policy_age >= 3"),
+    ({"trainer.procs": 4, "trainer.mini_batches": 64}, r"larger than the 32 sequences each of the trainer's 4 "
+                                                       r"data-parallel slice"),
     ({"fill_rounds": 3, "filter_groups": False}, r"fill_rounds = 3 refills the groups filter_groups drops; set filter_groups: true"),
     ({"rollout_correction.mode": "tis", "loss": {"name": "tests.unit.custom_loss_example:ScaledReinforceLoss"}},
      r"tis needs a loss whose forward takes token_weights, and loss.name .* does not: add `token_weights=None`"),
