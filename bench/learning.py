@@ -81,7 +81,7 @@ def accuracy_at(curve: list[dict], minutes: float) -> float:
 def run_one(args, base, splits, sft_path: str, table: str, loss: str, seed: int) -> tuple[dict, list[dict]]:
     """One GRPO run from the shared SFT weights; (its table row, its curve with wall minutes per point)."""
     overrides = {"steps": base.steps, "seed": seed, "loss": loss_section(loss, base.loss.beta), **TABLES[table]}
-    cfg = load_config(args.config, {**args.overrides, **overrides})
+    cfg = load_config(args.config, {**overrides, **args.overrides})  # --set wins (e.g. loss.clip_high, mini_batches)
     model, tok = load_model_and_tokenizer(sft_path, seed=cfg.seed)
     before = held_out(cfg, model, tok, splits)
     t0 = time.perf_counter()
@@ -136,7 +136,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: the config's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override for every run (YAML-typed), e.g. --set trainer.lr=2e-5")
+                        help="a config override for every run (YAML-typed; wins over the table and loss settings), "
+                             "e.g. --set trainer.lr=2e-5")
     args = parser.parse_args()
     quiet_libraries()
     args.overrides = parse_overrides([f"--{item}" for item in args.set])
@@ -165,7 +166,9 @@ def main() -> None:
     print_tables(rows, baseline)
     png = plot_curves(curves, out / "learning.png", keys=("reward/mean", "eval/accuracy", "loss/clip_frac_high"),
                       title=f"GRPO-family losses on/off-policy from one SFT checkpoint ({base.steps} steps)")
-    (out / "learning.json").write_text(json.dumps({"rows": rows, "sft": sft_path}, indent=2))
+    accuracy = {label: [(r["step"], round(r["minutes"], 2), r["eval/accuracy"]) for r in curve if "eval/accuracy" in r]
+                for label, curve in curves.items()}  # (step, minutes, held-out accuracy) per run
+    (out / "learning.json").write_text(json.dumps({"rows": rows, "sft": sft_path, "accuracy": accuracy}, indent=2))
     print(f"plot: {png}\nrows: {out / 'learning.json'}")
     best = max((r for r in rows if r["table"] != "on-policy"), key=lambda r: r["acc_after"], default=None)
     base_rows = [r for r in rows if r["table"] == "on-policy"]

@@ -11,7 +11,7 @@ def tiny_config(launcher: str = "local", **overrides):
     base = {"model.path": "tiny:qwen3-micro", "launcher": launcher, "sft.steps": 0, "generator.max_new_tokens": 4,
             "trainer.lr": 1e-3, "trainer.micro_batch_size": 64, "workers.start_timeout_s": 180,
             "workers.heartbeat_stale_s": 20, "eval.num_prompts": 8,
-            "loss.beta": 0.0, "workers.threads": 1}
+            "loss.beta": 0.0, "workers.threads": 1, "loss.name": "grpo", "trainer.mini_batches": 1}
     base.update(overrides)
     return load_config("configs/grpo_math_tiny.yaml", base)
 

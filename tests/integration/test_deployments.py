@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TINY = {"model.path": "tiny:qwen3-micro", "sft.steps": 0, "generator.max_new_tokens": 4, "prompts_per_step": 4,
         "group_size": 4, "eval.num_prompts": 16, "eval.every": 2, "checkpoint.every": 2, "trainer.lr": 1e-3,
-        "workers.threads": 1, "filter_groups": False, "loss.beta": 0.0}
+        "workers.threads": 1, "filter_groups": False, "loss.beta": 0.0,
+        "loss.name": "grpo", "trainer.mini_batches": 1}  # one update per batch unless a test says otherwise
 
 
 def free_port() -> int:

@@ -17,7 +17,8 @@ from infra.tracking import default_tracking_uri
 pytestmark = pytest.mark.integration
 TINY = {"model.path": "tiny:qwen3-micro", "sft.steps": 0, "generator.max_new_tokens": 4, "prompts_per_step": 4,
         "group_size": 4, "eval.num_prompts": 16, "eval.every": 2, "checkpoint.every": 2, "trainer.lr": 1e-3,
-        "workers.threads": 1, "filter_groups": False}
+        "workers.threads": 1, "filter_groups": False,
+        "loss.name": "grpo", "trainer.mini_batches": 1}  # one update per batch unless a test says otherwise
 CLI = [str(Path(sys.executable).parent / "forgeflow")]
 
 

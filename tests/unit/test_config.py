@@ -19,10 +19,10 @@ def test_shipped_configs_load():
 
 def test_overrides_are_yaml_typed():
     cfg = load_config("configs/grpo_math_tiny.yaml",
-                      ["--trainer.lr", "3e-5", "--loss.name=dapo", "--generator.procs", "2", "--filter_groups", "false"])
-    assert cfg.trainer.lr == 3e-5 and cfg.loss.name == "dapo" and cfg.generator.procs == 2
+                      ["--trainer.lr", "3e-5", "--loss.name=gspo", "--generator.procs", "2", "--filter_groups", "false"])
+    assert cfg.trainer.lr == 3e-5 and cfg.loss.name == "gspo" and cfg.generator.procs == 2
     assert cfg.filter_groups is False
-    assert cfg.loss.params["clip_high"] == 0.2  # the rest of the section is kept
+    assert cfg.loss.params["clip_high"] == 0.28  # the rest of the section is kept
 
 
 def test_dict_overrides():
