@@ -2,7 +2,8 @@
 
 Every stage runs the same GPipe schedule over the batch's micro-batches (torch.distributed.pipelining); the last
 stage turns each micro-batch's logits into the policy loss with the same global normalisers as `Trainer`, so the
-summed loss and gradients equal the unsplit model's. Gradient clipping uses the norm over all stages.
+summed loss and gradients equal the unsplit model's. Gradient clipping uses the norm over all stages. The proximal
+policy's logprobs (PPO mini-batches, stale batches, rollout correction) come from a forward-only pass over the stages.
 """
 
 from __future__ import annotations
