@@ -245,9 +245,6 @@ class TrainerWorker(Worker):
         """The step's policy update on the whole batch: every rank shuffles it alike into the same global
         mini-batches and trains on its data-parallel slice of each (so any number of ranks makes the steps one
         process would)."""
-        if not episodes:
-            return {"loss/skipped": 1.0}
-        stale = any(e.completion.policy_version < step for e in episodes)
         step_fn = None
         if self.world > 1:
             dp_rank, dp_size = self._data_parallel_slice()
@@ -257,7 +254,7 @@ class TrainerWorker(Worker):
                 return self._step_sharded(self.trainer, *select_rows(inputs, targets, rows))
         return steps.train_on_episodes(self.trainer, episodes, self.tokenizer.pad_token_id, step=step,
                                        seed=self.cfg.seed, correction=self.cfg.rollout_correction,
-                                       stale=stale, step_fn=step_fn)
+                                       step_fn=step_fn)
 
     def _step_sharded(self, trainer: Trainer, inputs: list[dict], targets: dict) -> dict[str, float]:
         """One optimizer step of a multi-rank trainer on this rank's slice of the batch; the batch's metrics."""

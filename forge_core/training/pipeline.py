@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from forge_core.training.batching import collate
-from forge_core.training.logprobs import at_least_fp32, gather_logprobs, token_entropy
+from forge_core.training.logprobs import gather_logprobs, token_entropy
 from forge_core.training.trainer import StepTotals, Trainer, loss_mask_of
 
 
@@ -122,9 +122,9 @@ class PipelineTrainer(Trainer):
         return self.head(picked) if self.head is not None else picked  # hidden states: the head on these only
 
     def _response_logprobs(self, output, positions, tokens) -> torch.Tensor:
-        """Logprobs [b, T] (at least float32) of the response tokens from the last stage's output."""
+        """Logprobs [b, T] (at least float32: gather_logprobs upcasts) of the response tokens from the last stage's output."""
         logits = self._response_logits(output, positions)
-        return at_least_fp32(gather_logprobs(logits, tokens.gather(1, positions), self.settings.temperature))
+        return gather_logprobs(logits, tokens.gather(1, positions), self.settings.temperature)
 
     def _loss(self, output, index, data, totals: StepTotals, num_tokens, num_seqs) -> torch.Tensor:
         """The policy loss of one micro-batch (rows `index` of the padded batch) from the last stage's output."""
