@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import AuthenticationError, Connection
 
 from workers.protocol import (
+    HANDSHAKE_TIMEOUT_S,
     Rendezvous,
     WorkerCallError,
     WorkerLost,
-    disable_nagle,
+    connect_authenticated,
     pid_alive,
     receive_message,
+    require_authkey,
     send_message,
 )
 
@@ -31,11 +34,15 @@ def _accepts_force(job) -> bool:
 
 
 class WorkerClient:
-    """A connection to one worker; not thread-safe (one call at a time per client)."""
+    """A connection to one worker. Safe for concurrent callers: calls from several threads take turns on the one
+    connection (the worker runs one call at a time anyway), so no thread can read another's reply."""
 
     def __init__(self, name: str, rendezvous: Rendezvous, authkey: bytes, job=None, call_timeout_s: float = 900.0,
                  poll_s: float = 0.2):
-        self.name, self.rendezvous, self._authkey, self.job = name, rendezvous, authkey, job
+        self.name, self.rendezvous, self.job = name, rendezvous, job
+        self._authkey = require_authkey(authkey, f"client of {name}")
+        self.handshake_timeout_s = HANDSHAKE_TIMEOUT_S
+        self._lock = threading.RLock()
         self.call_timeout_s, self.poll_s = call_timeout_s, poll_s
         self.conn: Connection | None = None
         self.last_health: dict = {}
@@ -52,17 +59,23 @@ class WorkerClient:
         return str(getattr(self.job, "job_id", "inline"))
 
     def connect(self) -> None:
-        try:
-            self.conn = Client(self.rendezvous.address, authkey=self._authkey)
-            disable_nagle(self.conn)
-        except (ConnectionError, OSError, EOFError) as exc:
-            raise self._lost(f"cannot connect to {self.rendezvous.host}:{self.rendezvous.port} ({exc})") from exc
+        """Connect and authenticate within `handshake_timeout_s`; WorkerLost when the worker does not answer."""
+        with self._lock:
+            try:
+                self.conn = connect_authenticated(self.rendezvous.address, self._authkey, self.handshake_timeout_s)
+            except (OSError, EOFError, AuthenticationError) as exc:
+                raise self._lost(f"cannot connect to {self.rendezvous.host}:{self.rendezvous.port} "
+                                 f"({type(exc).__name__}: {exc})") from exc
 
     def call(self, method: str, *args, timeout: float | None = None, **kwargs):
-        """Run `method` on the worker and return its result; raises WorkerLost or WorkerCallError."""
+        """Run `method` on the worker and return its result; raises WorkerLost or WorkerCallError. A caller on
+        another thread waits for the call in progress to finish first."""
+        with self._lock:
+            return self._call(method, args, kwargs, self.call_timeout_s if timeout is None else timeout)
+
+    def _call(self, method: str, args: tuple, kwargs: dict, timeout: float):
         if self.conn is None:
             self.connect()
-        timeout = self.call_timeout_s if timeout is None else timeout
         try:
             send_message(self.conn, (method, args, kwargs))
             deadline = time.monotonic() + timeout
@@ -101,11 +114,12 @@ class WorkerClient:
         return None
 
     def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            finally:
-                self.conn = None
+        with self._lock:
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                finally:
+                    self.conn = None
 
     def _lost(self, reason: str) -> WorkerLost:
         self.close()  # a half-read reply would desynchronise the channel: start fresh next time

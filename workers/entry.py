@@ -46,11 +46,15 @@ class WorkerSpec:
     heartbeat: str | None = None
     heartbeat_stale_s: float = 60.0
     bind_host: str = "127.0.0.1"
+    store_timeout_s: float = 600.0
     env: dict = field(default_factory=dict)
 
 
 def read_authkey(path: str | Path) -> SecretKey:
-    return SecretKey(Path(path).read_bytes())
+    """The run's worker key from its 0600 file; an empty file is refused (it would disable authentication)."""
+    from workers.protocol import require_authkey
+
+    return SecretKey(require_authkey(Path(path).read_bytes(), f"authkey file {path}"))
 
 
 def build_worker(spec: WorkerSpec):
@@ -75,7 +79,7 @@ def run_worker(spec: WorkerSpec) -> int:
     os.environ.update(spec.env)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s [{spec.name}] %(name)s: %(message)s")
     exit_on_sigterm(spec.name)
-    rank, world = init_distributed()
+    rank, world = init_distributed(spec)
     from workers.server import WorkerServer, watch_controller
 
     watch_controller(spec.controller_pid, spec.controller_host,
@@ -105,23 +109,26 @@ def exit_on_sigterm(name: str) -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def init_distributed() -> tuple[int, int]:
-    """(rank, world) of this task; initialises torch.distributed when the job has several tasks."""
+def init_distributed(spec: WorkerSpec) -> tuple[int, int]:
+    """(rank, world) of this task; forms the job's process group when the job has several tasks."""
     try:
         import submitit
 
         env = submitit.JobEnvironment()
-        world = env.num_tasks
+        world, job_id = env.num_tasks, env.job_id
     except RuntimeError:  # not inside a submitit job (inline launcher)
         return 0, 1
     if world <= 1:
         return 0, 1
     import torch
-    import torch.distributed as dist
     from submitit.helpers import TorchDistributedEnvironment
 
+    from infra.dist_store import init_job_process_group
+
+    # RANK, LOCAL_RANK, WORLD_SIZE for code that reads them; the store is ours (submitit's MASTER_PORT is random)
     env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
     if torch.cuda.is_available():  # one GPU per rank, before NCCL binds one
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), dist.get_world_size()
+    address_file = Path(spec.rendezvous).with_name(f"{spec.name}.job{job_id}.store.json")
+    init_job_process_group(env.rank, world, spec.bind_host, address_file, spec.store_timeout_s)
+    return env.rank, world

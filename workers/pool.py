@@ -159,7 +159,8 @@ class WorkerPool:
         name = f"{plan.role}-{index}"
         # one file per launch: a worker of an earlier launch of this run (orphaned by a killed controller, or still
         # starting when a pool start failed) may write its rendezvous late and must never be taken for this one
-        for stale in self.workers_dir.glob(f"{name}.*.rendezvous.json"):
+        stale_files = [*self.workers_dir.glob(f"{name}.*.rendezvous.json"), *self.workers_dir.glob(f"{name}.job*.store.json")]
+        for stale in stale_files:
             stale.unlink(missing_ok=True)
         rendezvous = self.workers_dir / f"{name}.{secrets.token_hex(4)}.rendezvous.json"
         inline = self.cfg.launcher == "inline"

@@ -1,8 +1,8 @@
 """What travels between a controller and a worker, and the errors a caller sees.
 
 A request is `(method, args, kwargs)`; a reply is `("ok", value)` or `("error", type_name, message, traceback)`.
-Both travel as plain pickles (`send_message` / `receive_message`) over a `multiprocessing.connection`, which does
-the HMAC challenge with the run's authkey.
+Both travel as plain pickles (`send_message` / `receive_message`) over a `multiprocessing.connection` that exists
+only after both sides passed the HMAC challenge with the run's authkey (`authenticate`), each within a time bound.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ import json
 import os
 import pickle
 import secrets
+import socket
+import struct
 from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 
 CALLS = ("generate", "train_step", "ref_logprobs", "score", "load_weights", "publish_weights", "save_checkpoint",
@@ -108,17 +111,61 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def disable_nagle(conn) -> None:
-    """TCP_NODELAY on a multiprocessing Connection's socket. Messages over 16 KiB are written as header + payload;
-    with Nagle's algorithm and delayed ACKs that costs ~40 ms per message."""
-    import socket
+HANDSHAKE_TIMEOUT_S = 10.0  # a peer that has not proven the key by then is dropped (it may be a port scan)
 
+
+def require_authkey(key: bytes, where: str) -> bytes:
+    """`key` if it is a usable secret; an empty key would turn multiprocessing's authentication off."""
+    if not key:
+        raise ValueError(f"{where}: the worker authkey is empty, which would disable authentication; delete the "
+                         "file and start the run again (the worker pool writes a fresh 32-byte key per run)")
+    return key
+
+
+def authenticate(sock: socket.socket, authkey: bytes, server: bool,
+                 timeout_s: float = HANDSHAKE_TIMEOUT_S) -> Connection:
+    """Wrap a connected socket in a Connection once both sides proved the key (HMAC challenge each way).
+
+    Every read and write of the handshake is bounded by `timeout_s`, so a silent or slow peer costs one thread for
+    that long; pre-authentication messages are capped at 256 bytes by multiprocessing, so a huge length prefix is
+    refused, not allocated. Raises AuthenticationError, OSError or EOFError; the caller closes nothing."""
+    require_authkey(authkey, "worker channel")
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # see set_io_timeout
+    sock.settimeout(None)  # blocking fd: the kernel's SO_RCVTIMEO bounds each read instead
+    set_io_timeout(sock, timeout_s)
+    conn = Connection(sock.detach())
     try:
-        sock = socket.socket(fileno=os.dup(conn.fileno()))
-    except OSError:
-        return
+        if server:
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+        else:
+            answer_challenge(conn, authkey)
+            deliver_challenge(conn, authkey)
+        with socket.socket(fileno=os.dup(conn.fileno())) as same:
+            set_io_timeout(same, 0.0)  # authenticated: calls may take as long as they take
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def connect_authenticated(address: tuple[str, int], authkey: bytes,
+                          timeout_s: float = HANDSHAKE_TIMEOUT_S) -> Connection:
+    """Connect to a worker and authenticate within `timeout_s` (a wedged worker cannot hang the caller)."""
+    require_authkey(authkey, f"connection to {address[0]}:{address[1]}")
+    sock = socket.create_connection(address, timeout=timeout_s)
     try:
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    finally:
+        return authenticate(sock, authkey, server=False, timeout_s=timeout_s)
+    except BaseException:
         sock.close()
+        raise
+
+
+def set_io_timeout(sock: socket.socket, timeout_s: float) -> None:
+    """Bound every blocking read and write on the socket's fd (0 = no bound). Messages over 16 KiB are written as
+    header + payload, which Nagle's algorithm with delayed ACKs would hold ~40 ms, hence TCP_NODELAY above."""
+    seconds = int(timeout_s)
+    value = struct.pack("ll", seconds, int((timeout_s - seconds) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)

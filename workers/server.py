@@ -1,8 +1,10 @@
 """Serve a worker object's named calls over an authenticated `multiprocessing.connection` listener.
 
-One thread accepts connections (a wrong key is logged and refused while serving continues); each connection gets a
-thread; calls into the worker are serialised with a lock because the model is not re-entrant. A watchdog thread
-exits the process when the controller disappears, so a killed controller never leaves orphan workers.
+One thread only accepts; each connection gets a thread that first runs the authentication handshake under a time
+bound (a peer that closes, stays silent, sends garbage or the wrong key is counted, logged and dropped while serving
+continues) and then serves its calls; calls into the worker are serialised with a lock because the model is not
+re-entrant. A watchdog thread exits the process when the controller disappears, so a killed controller never leaves
+orphan workers.
 """
 
 from __future__ import annotations
@@ -13,41 +15,56 @@ import socket
 import threading
 import time
 import traceback
-from multiprocessing.connection import AuthenticationError, Connection, Listener
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from workers.protocol import (
     CALLS,
+    HANDSHAKE_TIMEOUT_S,
     Rendezvous,
-    disable_nagle,
+    authenticate,
     pid_alive,
     receive_message,
+    require_authkey,
     send_message,
     write_rendezvous,
 )
 
 log = logging.getLogger(__name__)
 
+MAX_PENDING_HANDSHAKES = 64  # unauthenticated connections handled at once; more are closed at accept
+
 
 class WorkerServer:
     """Listens on `bind_host`, writes the rendezvous file, dispatches calls to `worker` until `shutdown`."""
 
-    def __init__(self, worker, role: str, rendezvous_path: Path, authkey: bytes, bind_host: str = "127.0.0.1"):
+    def __init__(self, worker, role: str, rendezvous_path: Path, authkey: bytes, bind_host: str = "127.0.0.1",
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, max_pending: int = MAX_PENDING_HANDSHAKES):
         self.worker, self.role, self.rendezvous_path = worker, role, Path(rendezvous_path)
-        self.listener = Listener((bind_host, 0), authkey=authkey)
+        self.authkey = require_authkey(authkey, f"{role} worker")
+        self.listener = socket.create_server((bind_host, 0), backlog=512)
+        self.listener.settimeout(1.0)  # the accept loop looks at the stop event this often
+        self.handshake_timeout_s = handshake_timeout_s
+        self.pending = threading.BoundedSemaphore(max_pending)
         self.stop = threading.Event()
         self.call_lock = threading.Lock()
-        self.rejected = 0
+        self.rejected = 0  # connections that never proved the key: closed, timed out, garbage, wrong key, flood
+        self._counter_lock = threading.Lock()
+        self._last_warning = float("-inf")
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.listener.getsockname()[:2]
 
     def advertised_host(self) -> str:
-        host = self.listener.address[0]
+        host = self.address[0]
         if host in ("0.0.0.0", ""):  # bound on all interfaces (SLURM): advertise a name other nodes resolve
             return socket.gethostname()
         return host
 
     def serve_forever(self) -> None:
         """Write the rendezvous and serve until a `shutdown` call or stop event."""
-        rv = Rendezvous(self.role, self.advertised_host(), self.listener.address[1], os.getpid())
+        rv = Rendezvous(self.role, self.advertised_host(), self.address[1], os.getpid())
         write_rendezvous(self.rendezvous_path, rv)
         log.info("%s worker pid %d serving on %s:%d", self.role, rv.pid, rv.host, rv.port)
         threading.Thread(target=self._accept_loop, daemon=True, name="accept").start()
@@ -56,20 +73,46 @@ class WorkerServer:
         log.info("%s worker pid %d stopped", self.role, os.getpid())
 
     def _accept_loop(self) -> None:
+        """Accept only: the handshake runs in the connection's own thread, so no peer can block the next accept."""
         while not self.stop.is_set():
             try:
-                conn = self.listener.accept()
-            except AuthenticationError as exc:
-                self.rejected += 1
-                log.warning("%s worker rejected a connection without the run's key (%s); still serving",
-                            self.role, exc)
+                sock, peer = self.listener.accept()
+            except TimeoutError:
                 continue
-            except OSError:
+            except OSError as exc:  # EMFILE, ECONNABORTED, ...: this connection is lost, serving is not
                 if self.stop.is_set():
                     return
-                raise
-            disable_nagle(conn)
-            threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
+                self._reject(None, f"accept failed ({exc})")
+                time.sleep(0.05)
+                continue
+            if not self.pending.acquire(blocking=False):
+                sock.close()  # a flood of unauthenticated peers: drop the newest rather than queue threads
+                self._reject(peer, "too many connections still authenticating")
+                continue
+            threading.Thread(target=self._authenticate_and_serve, args=(sock, peer), daemon=True).start()
+
+    def _authenticate_and_serve(self, sock: socket.socket, peer) -> None:
+        try:
+            conn = authenticate(sock, self.authkey, server=True, timeout_s=self.handshake_timeout_s)
+        except Exception as exc:  # any failure of an unauthenticated peer is a rejection, never the server's end
+            sock.close()
+            self._reject(peer, f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            self.pending.release()
+        self._serve_connection(conn)
+
+    def _reject(self, peer, why: str) -> None:
+        """Count a connection that never proved the run's key; warn at most every 30 s (a scan can make many)."""
+        with self._counter_lock:
+            self.rejected += 1
+            now = time.monotonic()
+            warn = now - self._last_warning > 30
+            if warn:
+                self._last_warning = now
+        if warn:
+            log.warning("%s worker rejected a connection from %s without the run's key (%s); %d rejected so far, "
+                        "still serving", self.role, peer[0] if peer else "?", why, self.rejected)
 
     def _serve_connection(self, conn: Connection) -> None:
         with conn:
@@ -92,7 +135,7 @@ class WorkerServer:
             return ("error", "ValueError", f"{self.role} worker has no call {method!r}", "")
         try:
             if method == "health":  # answered without the lock: health must work during a long call
-                return ("ok", self.worker.health())
+                return ("ok", {**self.worker.health(), "rejected_connections": self.rejected})
             with self.call_lock:
                 return ("ok", getattr(self.worker, method)(*args, **kwargs))
         except Exception as exc:  # sent back to the caller, who re-raises it as WorkerCallError

@@ -18,6 +18,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from infra.dist_store import MasterStore, connect_store, keep_gloo_on_loopback
+
 log = logging.getLogger(__name__)
 
 STOP = -1  # header version that ends the receivers' loop
@@ -40,11 +42,14 @@ class BroadcastWeightSync:
                              "and generators on GPUs or use weightsync.backend: fs")
         self.rank, self.world_size, self.keep, self.timeout_s = rank, world_size, keep, timeout_s
         self.device = torch.device(device)
-        timeout = timedelta(seconds=timeout_s)
-        # the TCPStore server lives in rank 0 (keep it referenced); clients retry until it is up
-        self._store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout,
-                                    wait_for_workers=False)
-        self.address = f"{host}:{self._store.port}"
+        # the TCPStore server lives in rank 0 on a port bound before use, on loopback when `host` is (keep it
+        # referenced); clients retry until it is up
+        keep_gloo_on_loopback(host)
+        if rank == 0:
+            self._master = MasterStore(host, world_size, timeout_s)
+            self._store, self.address = self._master.store, self._master.address
+        else:
+            self._store, self.address = connect_store(address, world_size, timeout_s), address
         self.group = None
         self._versions: dict[int, dict[str, torch.Tensor]] = {}
         self._arrived = threading.Condition()
