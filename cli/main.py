@@ -66,6 +66,10 @@ def add_run_commands(sub) -> None:
                                   "on the server in PREFECT_API_URL")
     server = sub.add_parser("server", help="run a Prefect server on 127.0.0.1 with forgeflow's settings (foreground)")
     server.add_argument("--port", type=int, default=4200)
+    server.add_argument("--host", default="127.0.0.1", help="interface to serve on; other than loopback needs "
+                                                            "--auth-file")
+    server.add_argument("--auth-file", help="0600 file holding the API auth string (PREFECT_SERVER_API_AUTH_STRING); "
+                                            "clients set PREFECT_API_AUTH_STRING")
     runs = sub.add_parser("runs", help="runs in the registry").add_subparsers(dest="runs_cmd", required=True)
     ls = runs.add_parser("ls", help="recent runs")
     ls.add_argument("--limit", type=int, default=30)
@@ -205,19 +209,6 @@ def run_report(args) -> int:
     return 0
 
 
-def run_server(port: int) -> int:
-    """`prefect server start` on 127.0.0.1 (state under FORGEFLOW_HOME/prefect); returns its exit status."""
-    import subprocess
-    from pathlib import Path
-
-    from infra.prefect_env import configure_prefect
-
-    configure_prefect()
-    prefect = Path(sys.executable).with_name("prefect")
-    print(f"Prefect UI/API on http://127.0.0.1:{port} — export PREFECT_API_URL=http://127.0.0.1:{port}/api")
-    return subprocess.call([str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)])
-
-
 def summary_text(summary: dict) -> str:
     return "\n".join(f"{k}: {v}" for k, v in summary.items() if k != "recoveries" or v)
 
@@ -277,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
             print(summary_text(deploy()))
             return 0
         if args.command == "server":
-            return run_server(args.port)
+            from cli.server import run_server
+
+            return run_server(args.port, args.host, args.auth_file)
         if args.command in ("runs", "lineage", "compare", "ui"):
             return run_report(args)
         if args.command in ("grpo", "sft", "eval", "sweep", "resume"):

@@ -17,6 +17,7 @@ from forge_core.rewards import CombinedReward
 from forge_core.schedule import Schedule
 from forge_core.training import TrainerSettings
 from infra.config import RunConfig
+from infra.plugins import check_plugins
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,9 @@ def sampling_params(cfg: RunConfig) -> SamplingParams:
 
 
 def reward_entries(cfg: RunConfig) -> list[dict]:
-    """The rewards section as CombinedReward entries ({name, weight, key?, **kwargs})."""
+    """The rewards section as CombinedReward entries ({name, weight, key?, **kwargs}); import paths only when the
+    config file lists them (checked again here: every process that builds a component refuses unlisted code)."""
+    check_plugins(cfg, "config")
     return [r.to_dict() for r in cfg.rewards]
 
 
@@ -85,7 +88,9 @@ def build_reward(cfg: RunConfig) -> CombinedReward:
 
 
 def loss_arguments(cfg: RunConfig) -> tuple[str, dict]:
-    """(loss.name, its hyperparameters), max_len filled from generator.max_new_tokens when the loss needs it."""
+    """(loss.name, its hyperparameters), max_len filled from generator.max_new_tokens when the loss needs it; an
+    import path only when the config file lists it."""
+    check_plugins(cfg, "config")
     name, params = cfg.loss.name, dict(cfg.loss.params)
     if name == "dr_grpo" or params.get("aggregation") == "seq-mean-token-sum-norm":
         params.setdefault("max_len", cfg.generator.max_new_tokens)

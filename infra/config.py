@@ -20,6 +20,7 @@ import yaml
 
 from forge_core.generation.sampling import SamplingParams
 from forge_core.training.correction import LEVELS, MODES, RolloutCorrection
+from infra.plugins import refuse_plugin_overrides
 
 
 @dataclass
@@ -221,6 +222,8 @@ class RunConfig:
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
+    # import paths ('module.path:Name') that loss.name / rewards[].name may use: set only in a file (infra/plugins.py)
+    plugins: list[str] = field(default_factory=list)
 
 
 CHOICES = {
@@ -388,6 +391,7 @@ def read_config(path: str | Path | None = None, overrides: dict[str, Any] | list
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     if overrides:
+        refuse_plugin_overrides(overrides, where)
         data = apply_overrides(data, overrides)
         where += " + overrides"
     return from_dict(RunConfig, imply_paired_names(data), where)

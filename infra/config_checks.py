@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.config import CHOICES, POSITIVE, RunConfig, config_to_dict, flatten, read_config
+from infra.plugins import check_plugins
 
 _CHECKED: set[str] = set()  # the configs this process has checked (the CLI, the flow and its tasks load one again)
 
@@ -30,7 +31,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list
 
 
 def validate(cfg: RunConfig, where: str) -> RunConfig:
-    """Cross-field checks: choices, positive counts, known loss and advantage names."""
+    """Cross-field checks: listed plugins first (nothing is imported before), choices, positive counts, known loss
+    and advantage names."""
+    check_plugins(cfg, where)
     flat = flatten(config_to_dict(cfg))
     for key, options in CHOICES.items():
         if str(flat[key]) not in options:

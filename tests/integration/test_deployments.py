@@ -165,3 +165,21 @@ def test_killed_flow_run_process_is_rescheduled_and_completes(prefect_stack):
     steps = [json.loads(x)["step"] for x in
              (Path(os.environ["FORGEFLOW_HOME"]) / "runs" / run_id / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))
+
+
+@pytest.mark.parametrize("overrides", [
+    lambda marker: {"loss": {"name": "subprocess:Popen", "args": ["touch", marker]}},
+    lambda marker: {"rewards": [{"name": "subprocess:Popen", "args": ["touch", marker]}]},
+    lambda marker: {"plugins": ["subprocess:Popen"], "loss": {"name": "subprocess:Popen", "args": ["touch", marker]}},
+], ids=["loss", "reward", "plugins-override"])
+def test_deployment_override_cannot_run_code(prefect_stack, tmp_path, overrides):
+    """Anyone who can reach the Prefect API sets `overrides`: an import path the config file does not list is
+    refused before anything is imported, so the command never runs."""
+    marker = tmp_path / "pwned"
+    out = run_deployment_cli(prefect_stack, "grpo/grpo-math", {"overrides": {**TINY, "steps": 1,
+                                                                             **overrides(str(marker))}})
+    assert out.returncode != 0
+    run = flow_runs_of(prefect_stack, "grpo-math")[0]
+    assert run["state"]["type"] == "FAILED"
+    assert "plugins" in run["state"]["message"], run["state"]["message"]
+    assert not marker.exists()

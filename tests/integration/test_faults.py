@@ -31,6 +31,7 @@ from tests.integration.fault_helpers import (
     wait_for_new_run,
     wait_until,
 )
+from tests.plugin_config import write_plugin_config
 from workers.protocol import pid_alive, read_rendezvous
 
 pytestmark = pytest.mark.integration
@@ -263,11 +264,12 @@ def test_scancelled_generator_job_mid_run_is_recovered(slurm_cluster, reference_
     assert_records_complete(summary["run_id"], reference_sha)
 
 
-def test_hanging_and_raising_rewards_are_counted_and_the_run_completes():
-    rewards = [{"name": "math", "weight": 1.0},
-               {"name": "tests.unit.reward_examples:hangs_on_some_prompts", "key": "slow", "weight": 0.0},
-               {"name": "tests.unit.reward_examples:raises_on_boom", "key": "flaky", "weight": 0.0}]
-    summary = grpo_flow(overrides={**TINY, "steps": 2, "rewards": rewards, "reward.timeout_s": 0.3},
+def test_hanging_and_raising_rewards_are_counted_and_the_run_completes(tmp_path):
+    plugins = ["tests.unit.reward_examples:hangs_on_some_prompts", "tests.unit.reward_examples:raises_on_boom"]
+    rewards = [{"name": "math", "weight": 1.0}, {"name": plugins[0], "key": "slow", "weight": 0.0},
+               {"name": plugins[1], "key": "flaky", "weight": 0.0}]
+    summary = grpo_flow(write_plugin_config(tmp_path, plugins),
+                        overrides={**TINY, "steps": 2, "rewards": rewards, "reward.timeout_s": 0.3},
                         run_name="bad-rewards")
     rows = [json.loads(line) for line in (run_dir(summary["run_id"]) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -276,11 +278,12 @@ def test_hanging_and_raising_rewards_are_counted_and_the_run_completes():
     assert show_run(summary["run_id"])["status"] == "completed"
 
 
-def test_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint():
-    overrides = {**TINY, "steps": 4, "loss": {"name": "tests.unit.custom_loss_example:NaNAtCallLoss", "at": 3}}
+def test_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint(tmp_path):
+    plugin = "tests.unit.custom_loss_example:NaNAtCallLoss"
+    overrides = {**TINY, "steps": 4, "loss": {"name": plugin, "at": 3}}
     existing = existing_runs()
     with pytest.raises(Exception, match="non-finite loss"):
-        grpo_flow(overrides=overrides, run_name="diverges")
+        grpo_flow(write_plugin_config(tmp_path, [plugin]), overrides=overrides, run_name="diverges")
     (run,) = [p for p in runs_root().iterdir() if p.name not in existing]
     info = show_run(run.name)
     assert info["status"] == "failed" and "non-finite loss" in info["message"] and "at step 2" in info["message"]

@@ -2,6 +2,7 @@ import pytest
 
 from infra.config import flatten, parse_overrides
 from infra.config_checks import load_config
+from tests.plugin_config import write_plugin_config
 
 
 def write(tmp_path, text):
@@ -156,9 +157,10 @@ def test_named_sections_are_typed_and_round_trip_in_their_yaml_shape(tmp_path):
     ({"rollout_correction.mode": "tis", "loss": {"name": "tests.unit.custom_loss_example:ScaledReinforceLoss"}},
      r"tis needs a loss whose forward takes token_weights, and loss.name .* does not: add `token_weights=None`"),
 ])
-def test_policy_update_settings_are_refused_before_any_worker_starts(overrides, match):
+def test_policy_update_settings_are_refused_before_any_worker_starts(overrides, match, tmp_path):
+    config = write_plugin_config(tmp_path, ["tests.unit.custom_loss_example:ScaledReinforceLoss"])
     with pytest.raises(ValueError, match=match):
-        load_config("configs/grpo_math_tiny.yaml", {"prompts_per_step": 16, "group_size": 8, **overrides})
+        load_config(config, {"prompts_per_step": 16, "group_size": 8, **overrides})
 
 
 def test_policy_update_settings_reach_the_trainer():

@@ -1,0 +1,56 @@
+"""Import paths in a config are code: only a config file on disk may name them.
+
+`loss.name` and `rewards[].name` accept a registered name or an import path (`module.path:Name`) that is imported and
+called with the section's keys. Overrides reach a run from places that must not run code: a flow run's `overrides`
+parameter (anyone who can reach the Prefect API), a sweep grid. So an import path is accepted only when the config
+file lists it under `plugins:`, and no override may add to `plugins`. Overrides may still pick registered names and
+listed plugins.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+
+def is_import_path(name: str) -> bool:
+    """Whether a component name is an import path (`module:attr`) rather than a registered name."""
+    return ":" in name
+
+
+def refuse_plugin_overrides(overrides: dict[str, Any], where: str) -> None:
+    """Overrides (CLI flags, flow parameters, sweep grids) cannot list plugins: only a file on disk can."""
+    for key in overrides:
+        if key == "plugins" or key.startswith("plugins."):
+            raise ValueError(f"{where}: override {key!r} is refused: plugins (import paths of custom losses and "
+                             "rewards) run code, so they can only be listed in the YAML config file on disk "
+                             "(`plugins: ['mypkg.losses:MyLoss']`); overrides may then name them")
+
+
+def check_plugin_list(plugins: list, where: str) -> None:
+    """Every `plugins:` entry is a `module.path:Name` string."""
+    if not isinstance(plugins, list):
+        raise ValueError(f"{where}: plugins must be a list of 'module.path:Name' strings, got {plugins!r}")
+    for entry in plugins:
+        if not isinstance(entry, str) or not IMPORT_PATH.match(entry):
+            raise ValueError(f"{where}: plugins entry {entry!r} is not 'module.path:Name' (e.g. "
+                             "'mypkg.losses:MyLoss')")
+
+
+def named_components(cfg) -> list[tuple[str, str]]:
+    """(config key, name) of every component the config names: the loss and each reward."""
+    return [("loss.name", cfg.loss.name)] + [(f"rewards[{i}].name", r.name) for i, r in enumerate(cfg.rewards)]
+
+
+def check_plugins(cfg, where: str) -> None:
+    """Refuse any import path that the config's `plugins:` list does not name, before anything is imported."""
+    check_plugin_list(cfg.plugins, where)
+    listed = set(cfg.plugins)
+    for key, name in named_components(cfg):
+        if is_import_path(name) and name not in listed:
+            raise ValueError(f"{where}: {key} = {name!r} is an import path that the config file does not list under "
+                             f"`plugins:`. Import paths run code, so they are accepted only from a config file on "
+                             f"disk: add `plugins: [{name!r}]` to the YAML file (then overrides and deployment "
+                             "parameters may name it), or use a registered name")
