@@ -24,6 +24,7 @@ from infra import components as C
 from infra.checkpoints import HF_DIR, STATE, WORKER_STEP
 from infra.config import RunConfig
 from workers.base import Worker, dtype_of, model_source, worker_device
+from workers.collective import collective, follow_calls
 from workers.sharded_checkpoint import load_sharded, save_sharded
 from workers.sharding import full_state_dict, gather_pipeline_state, shard_model
 
@@ -54,10 +55,10 @@ class TrainerWorker(Worker):
 
     # ---- calls (rank 0 receives them and fans them out) ----
 
+    @collective
     def train_step(self, groups: list[Group], step: int | None = None) -> dict[str, float]:
         """Advantages + the step's policy update (trainer.mini_batches × epochs optimizer steps) on `groups`;
         publishes version step+1 when the generators sync to it (`Schedule.syncs_at`). Returns loss/* metrics."""
-        self._fan_out("train_step", groups, step)
         self.calls += 1
         adv = self.cfg.advantage
         episodes, metrics = steps.compute_advantages(groups, adv.name, self.cfg.filter_groups, **adv.params)
@@ -68,10 +69,10 @@ class TrainerWorker(Worker):
         self.last_metrics = metrics
         return metrics
 
+    @collective
     def sft_step(self, inputs: list[dict], targets: dict) -> dict[str, float]:
         """One SFT optimizer step (masked cross-entropy, sft.* settings) on a whole batch in the Trainer contract;
         every data-parallel slice trains on its rows. Returns the Trainer's metrics (loss, grad_norm, lr…)."""
-        self._fan_out("sft_step", inputs, targets)
         self.calls += 1
         if self.sft_trainer is None:
             from forge_core.losses import get_loss
@@ -85,17 +86,17 @@ class TrainerWorker(Worker):
         mine = {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in targets.items()}
         return self._step_sharded(self.sft_trainer, inputs[rows], mine)
 
+    @collective
     def save_pretrained(self, path: str) -> str:
         """The current weights as a transformers checkpoint (with the tokenizer) at `path`; returns it."""
-        self._fan_out("save_pretrained", path)
         state = self._full_state()  # collective when sharded
         if self.rank == 0:
             save_model_and_tokenizer(self._hf_model(state), self.tokenizer, Path(path))
         return path
 
+    @collective
     def publish_weights(self, version: int) -> int:
         """Put the current weights into the weight store as `version`; returns it."""
-        self._fan_out("publish_weights", version)
         return self._publish(version)
 
     def open_weight_group(self, host: str, world: int, device: str = "cpu") -> str:
@@ -187,11 +188,11 @@ class TrainerWorker(Worker):
             metrics["weights/publish_failed"] = 1.0
             self.policy_version = version
 
+    @collective
     def save_checkpoint(self, path: str) -> str | None:
         """Trainer state (model, optimizer, scheduler, RNG, step) to path/trainer.pt — with several ranks, model and
         optimizer shards to path/dcp and the gathered model to trainer.pt — and HF weights to path/hf; returns the
         state's canonical `state_sha256` (rank 0)."""
-        self._fan_out("save_checkpoint", path)
         out = Path(path)
         small_state = save_sharded(self.trainer, out) if self.world > 1 else None  # collective
         state = self._full_state()  # collective when sharded
@@ -207,9 +208,9 @@ class TrainerWorker(Worker):
         (out / WORKER_STEP).write_text(json.dumps({"step": self.step}))
         return digest
 
+    @collective
     def load_checkpoint(self, path: str) -> int:
         """Restore what save_checkpoint wrote (any number of ranks reads a sharded one); returns the restored step."""
-        self._fan_out("load_checkpoint", path)
         if self.world > 1:
             load_sharded(self.trainer, Path(path))
         else:
@@ -230,8 +231,8 @@ class TrainerWorker(Worker):
         model.load_state_dict(state)
         return model
 
+    @collective
     def shutdown(self) -> bool:
-        self._fan_out("shutdown")
         if self.rank == 0 and self.store is not None:
             try:  # broadcast: tells the generators' receivers the group ends here
                 self.store.close()
@@ -292,22 +293,6 @@ class TrainerWorker(Worker):
         return PipelineTrainer(model, model.decoder, loss, settings, self.tokenizer.pad_token_id, self.pp_group,
                                self.stage, self.pp, next(model.parameters()).device, head=head)
 
-    def _fan_out(self, method: str, *args) -> None:
-        """On rank 0 of a multi-rank trainer: send the call to the other ranks before running it here."""
-        if self.world > 1 and self.rank == 0:
-            dist.broadcast_object_list([(method, args)], src=0)
-
     def follow(self) -> None:
         """Ranks > 0: run every call rank 0 broadcasts until shutdown."""
-        while True:
-            box = [None]
-            dist.broadcast_object_list(box, src=0)
-            method, args = box[0]
-            try:
-                getattr(self, method)(*args)
-            except Exception:
-                # rank 0 raised the same error (the methods decide collectively) and reports it to the controller;
-                # this rank stays to serve the next call (a resume from an older checkpoint, or shutdown)
-                log.exception("rank %d: %s failed; waiting for the next call", self.rank, method)
-            if method == "shutdown":
-                return
+        follow_calls(self)
