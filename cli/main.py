@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from infra.interrupts import INTERRUPTED, note_interrupt
+from infra.interrupts import INTERRUPTED, interrupted_by, note_interrupt
 from infra.orphan_guard import start_orphan_guard
 
 
@@ -285,9 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # the flow already stopped its workers and marked the run interrupted
         return report_interrupt()
-    except Exception:
-        if INTERRUPTED:  # Ctrl-C also stopped the embedded Prefect API: its clients fail after our clean-up
+    except Exception as exc:
+        if interrupted_by(exc):  # Ctrl-C also stopped the embedded Prefect API: its clients fail after our clean-up
             return report_interrupt()
+        if INTERRUPTED:
+            print("forgeflow: Ctrl-C was pressed, but the run ended with the error below, not because of it",
+                  file=sys.stderr)
         raise
     parser.error(f"unknown command {args.command!r}")
     return 2

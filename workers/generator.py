@@ -33,21 +33,35 @@ class GeneratorWorker(Worker):
             self.generator = TorchGenerator(model.to(worker_device(cfg, self.role)).eval(), tok,
                                             C.sampling_params(cfg))
         self.store = store
+        self.pinned_version_misses = 0
 
     def rollout(self, problems: Sequence[Problem], prompts: Sequence[str], group_size: int, seed: int,
                 version: int | None = None) -> list[Group]:
         """`group_size` samples for each prompt (completions stamped with the version); with `version`, sample with
         exactly that policy version (loaded from the store when this generator holds another one)."""
         self.calls += 1
+        missed = None
         if version is not None and version != self.policy_version:
             log.info("rollout asks for policy version %d, this generator holds %d: loading it", version,
                      self.policy_version)
             try:
                 self.load_weights(version)
-            except KeyError:  # e.g. a resume on a node whose weight store was emptied: continue, not bit-exact
-                log.warning("policy version %d is no longer in the weight store: sampling with version %d",
-                            version, self.policy_version)
-        return steps.rollout(self.generator, problems, prompts, group_size, seed, C.sampling_params(self.cfg))
+            except KeyError as exc:  # e.g. a resume on a node whose weight store was emptied: continue, not exact
+                missed = version
+                self.pinned_version_misses += 1
+                log.error("ROLLOUT NOT PINNED: policy version %d is not in the weight store (%s); sampling with "
+                          "version %d instead, so this run is no longer bit-exact with an uninterrupted one "
+                          "(counted as rollout/pinned_version_misses; %d so far)", version, exc, self.policy_version,
+                          self.pinned_version_misses)
+        groups = steps.rollout(self.generator, problems, prompts, group_size, seed, C.sampling_params(self.cfg))
+        if missed is not None:
+            for group in groups:
+                for episode in group.episodes:
+                    episode.completion.metadata["pinned_version_missed"] = missed
+        return groups
+
+    def health(self) -> dict:
+        return {**super().health(), "pinned_version_misses": self.pinned_version_misses}
 
     def generate(self, prompts: list[str], n: int = 1, seed: int | None = None, params=None) -> list[list]:
         """Raw TorchGenerator.generate: n Completions per prompt."""

@@ -155,6 +155,8 @@ def rollout_metrics(groups: list[Group], step: int, seconds: float) -> dict[str,
         "timing/rollout": seconds,
         "rollout/policy_version": float(min(c.policy_version for c in comps)),
         "rollout/policy_staleness": float(max(ages)),
+        # rollouts that asked for a version the weight store no longer had (sampled with another: not bit-exact)
+        "rollout/pinned_version_misses": float(sum("pinned_version_missed" in c.metadata for c in comps)),
     }
     metrics.update({f"rollout/staleness_{age}": ages.count(age) / len(ages) for age in sorted(set(ages))})
     return metrics
