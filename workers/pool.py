@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.config import RunConfig, config_to_dict
+from infra.config import RunConfig, config_to_dict, redact_secrets
 from infra.launcher import make_executor
 from infra.weightsync import FSWeightStore, default_store_root
 from workers.client import WorkerClient
@@ -165,7 +165,7 @@ class WorkerPool:
         rendezvous = self.workers_dir / f"{name}.{secrets.token_hex(4)}.rendezvous.json"
         inline = self.cfg.launcher == "inline"
         spec = WorkerSpec(
-            role=plan.role, name=name, cfg=config_to_dict(self.cfg), rendezvous=str(rendezvous),
+            role=plan.role, name=name, cfg=worker_config(self.cfg), rendezvous=str(rendezvous),
             key_path=str(self.key_path), store_root=self.store_root, store_backend=self.cfg.weightsync.backend,
             init_path=self.init_path, threads=self.cfg.workers.threads, controller_pid=os.getpid(),
             controller_host=socket.gethostname(), heartbeat=None if inline else str(self.heartbeat_path),
@@ -224,6 +224,12 @@ class WorkerPool:
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(2.0):
             self._touch_heartbeat()
+
+
+def worker_config(cfg: RunConfig) -> dict:
+    """The config a worker job receives. submitit pickles it into the job folder, so it carries no secret: workers
+    never record to the registry or MLflow, and URL passwords are redacted (the controller keeps the real ones)."""
+    return redact_secrets(config_to_dict(cfg))
 
 
 def stderr_tail(job, lines: int = 30) -> str:

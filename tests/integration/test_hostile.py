@@ -209,3 +209,19 @@ def test_two_threads_calling_one_client(reward_pool):
         t.join()
     assert errors == []
     assert client.call("health")["role"] == "reward"
+
+
+def test_secrets_never_reach_the_worker_job_folder(tmp_path):
+    """submitit pickles the worker's launch description into its job folder: no password may be in any file there
+    (the authkey lives only in its own 0600 file)."""
+    cfg = tiny_config("local", **{"tracking.registry_url": "postgresql://forgeflow:hunter2@db.example:5432/registry",
+                                  "tracking.mlflow_uri": "http://ops:s3cr3tpw@mlflow.example:5000"})
+    with WorkerPool(cfg, tmp_path / "run", roles=("reward",)) as pool:
+        assert fresh_client(pool).call("health")["role"] == "reward"
+        files = [p for p in (tmp_path / "run").rglob("*") if p.is_file() and p != pool.key_path]
+        assert any(p.suffix == ".pkl" for p in files)
+        for path in files:
+            data = path.read_bytes()
+            assert b"hunter2" not in data and b"s3cr3tpw" not in data, path
+            assert pool._authkey not in data, path
+        assert oct(pool.key_path.stat().st_mode & 0o777) == "0o600"

@@ -1,0 +1,62 @@
+"""torch.distributed stores bind before they are used, and only loopback when every member is on this host."""
+
+import socket
+
+import pytest
+
+from infra.dist_store import MasterStore, bind_listen_socket
+from infra.weightsync.broadcast import BroadcastWeightSync
+
+
+def non_loopback_address() -> str | None:
+    """An address of this machine other than loopback (the one its default route leaves from), if any."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for a UDP connect
+            address = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if address.startswith("127.") else address
+
+
+def reachable(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def outside_address():
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    return address
+
+
+def test_job_store_on_loopback_is_unreachable_from_other_interfaces(outside_address):
+    master = MasterStore("127.0.0.1", 1, timeout_s=10)
+    assert master.address == f"127.0.0.1:{master.port}"
+    master.store.set("k", "v")
+    assert reachable("127.0.0.1", master.port) and not reachable(outside_address, master.port)
+
+
+def test_weight_broadcast_store_in_local_mode_is_unreachable_from_other_interfaces(outside_address):
+    group = BroadcastWeightSync("127.0.0.1:0", 0, 2, timeout_s=10)
+    port = int(group.address.rpartition(":")[2])
+    assert reachable("127.0.0.1", port) and not reachable(outside_address, port)
+
+
+def test_a_non_loopback_host_binds_every_interface(outside_address):
+    sock = bind_listen_socket(socket.gethostname())
+    try:
+        assert reachable(outside_address, sock.getsockname()[1])
+    finally:
+        sock.close()
+
+
+def test_ports_are_bound_before_they_are_named():
+    """Two stores asked at once never get the same port (the kernel assigns it while binding)."""
+    a, b = MasterStore("127.0.0.1", 1, 10), MasterStore("127.0.0.1", 1, 10)
+    assert a.port != b.port
