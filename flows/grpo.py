@@ -21,6 +21,7 @@ import time
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from prefect.states import Crashed
 
 from forge_core.models import load_tokenizer
 from forge_core.protocols import RolledBack
@@ -32,12 +33,12 @@ from infra.config_checks import load_config
 from infra.interrupts import interrupted_by
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
-from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS
+from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS, fail_for_user_error
 from infra.progress import line_for_step
 from infra.records import RunRecords, dataset_fingerprint
 from tasks.context import RunContext, register_run, unregister_run
 from tasks.phases import TaskCalls, task_roles
-from tasks.recovery import restore_latest
+from tasks.recovery import lost_worker, restore_latest
 from workers.pool import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -67,12 +68,15 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
     """GRPO (any loss of the family) on persistent workers; returns the run summary (run id, accuracies, minutes)."""
     start_time = time.perf_counter()
     logger = get_run_logger()
-    cfg = load_config(config, overrides)
+    try:  # an expected user error ends the flow run with its message, not a traceback
+        cfg = load_config(config, overrides)
+        if resume:
+            check_resumable(resume)
+    except ValueError as exc:
+        return fail_for_user_error(exc)
     if (flow_run.run_count or 1) > MAX_FLOW_RUN_ATTEMPTS:
         raise RuntimeError(f"flow run {flow_run.id} is on attempt {flow_run.run_count}; forgeflow stops after "
                            f"{MAX_FLOW_RUN_ATTEMPTS} (see its earlier crashes); `forgeflow resume RUN_ID` continues it")
-    if resume:
-        check_resumable(resume)
     run_id = resume or run_id_for_flow_run()
     resume = resume or (run_id if (run_dir(run_id) / "config.yaml").exists() else None)
     out = run_dir(run_id)
@@ -116,6 +120,9 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             finally:
                 unregister_run(run_id)
     except BaseException as exc:
+        lost = None if interrupted_by(exc) else lost_worker(exc)
+        if lost is not None:  # infrastructure, not the run's fault: kept resumable and ended Crashed, which the
+            return end_crashed(run_id, records, lost)  # deployment's Automation reschedules (attempts are capped)
         if not interrupted_by(exc):
             records.finish("failed", message=f"{type(exc).__name__}: {exc}"[:2000])
             raise
@@ -137,6 +144,17 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     records.finish("completed", summary)
     return summary
+
+
+def end_crashed(run_id: str, records: RunRecords, lost: BaseException):
+    """The final state of a run that lost workers beyond recovery: records say interrupted (resumable), and the flow
+    run ends Crashed, like a killed flow process, so the crash Automation reschedules it into a resume."""
+    message = (f"infrastructure failure after the task's retries: {lost}. The run is resumable: a deployment run is "
+               f"rescheduled by the crash Automation (at most {MAX_FLOW_RUN_ATTEMPTS} attempts); otherwise "
+               f"`forgeflow resume {run_id}` continues it")
+    log.error(message)
+    records.finish("interrupted", message=message[:2000])
+    return Crashed(message=message[:2000])
 
 
 def show_line(line: str) -> None:

@@ -15,6 +15,7 @@ from prefect import flow
 from infra.config import dump_config
 from infra.config_checks import load_config
 from infra.paths import new_run_id, run_dir
+from infra.prefect_env import fail_for_user_error
 from tasks.sft import sft_train
 
 
@@ -30,9 +31,12 @@ def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None 
     from infra import components as C
     from infra.records import RunRecords, dataset_fingerprint
 
-    cfg = load_config(config, overrides)
-    if cfg.sft.steps < 1:
-        raise ValueError(f"{config}: sft.steps is {cfg.sft.steps}; set sft.steps >= 1 to run SFT")
+    try:  # an expected user error ends the flow run with its message, not a traceback
+        cfg = load_config(config, overrides)
+        if cfg.sft.steps < 1:
+            raise ValueError(f"{config}: sft.steps is {cfg.sft.steps}; set sft.steps >= 1 to run SFT")
+    except ValueError as exc:
+        return fail_for_user_error(exc)
     run_id = run_id or new_run_id()
     if out_dir is None:
         out_dir = str(run_dir(run_id))

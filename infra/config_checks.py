@@ -76,6 +76,7 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
                          "that (the loss corrects with behaviour logprobs)")
     check_policy_update(cfg, where)
     check_paths(cfg, where)
+    check_dataset(cfg, where)
     check_components(cfg, where)
     return cfg
 
@@ -159,6 +160,19 @@ def check_paths(cfg: RunConfig, where: str) -> None:
         if value and looks_local(value) and not Path(value).expanduser().exists():
             raise ValueError(f"{where}: {key} = {value!r} does not exist; fix the path (relative paths are "
                              f"resolved from {Path.cwd()})")
+
+
+def check_dataset(cfg: RunConfig, where: str) -> None:
+    """Read a dataset on disk once, so a malformed row is named (file:line and the fix) before Prefect or any worker
+    starts rather than inside a flow. Hub datasets are read where they are used (no download while checking)."""
+    if cfg.dataset.kind not in ("gsm8k", "math"):
+        return
+    from infra import components as C
+
+    try:
+        C.load_splits(cfg)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
 
 
 def check_components(cfg: RunConfig, where: str) -> None:

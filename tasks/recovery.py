@@ -1,4 +1,5 @@
-"""Retry condition for phase tasks: on WorkerLost, restart the dead role and restore it before the retry.
+"""Retry condition for phase tasks: on WorkerLost, restart every dead role of the run and restore it before the
+retry (a node failure loses several roles at once; one found dead during the restore is recovered too).
 
 The trainer comes back from the latest complete checkpoint (or its initial weights) and republishes its weights;
 generators reload the trainer's current version. The flow then continues from the trainer's actual step.
@@ -26,31 +27,71 @@ def retry_on_worker_lost(task, task_run, state) -> bool:
     if ctx is None:
         log.error("WorkerLost for job %s, which no live run owns: not retrying", exc.job_id)
         return False
-    recover_role(ctx, exc.role.rsplit("-", 1)[0], reason=exc.reason)
+    try:
+        recover_role(ctx, exc.role.rsplit("-", 1)[0], reason=exc.reason)
+    except Exception:  # the task then fails with its WorkerLost, and the flow ends Crashed (rescheduled, resumable)
+        log.exception("recovering from %s failed: not retrying the task", exc)
+        return False
     return True
 
 
+def lost_worker(exc: BaseException | None) -> WorkerLost | None:
+    """The WorkerLost in `exc`'s chain, if any: an infrastructure failure rather than a bug or a user error."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, WorkerLost):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+RECOVERY_ROUNDS = 3  # a role found dead while others are being restored is restarted in the next round
+
+
 def recover_role(ctx: RunContext, role: str, reason: str = "") -> int:
-    """Restart `role` and bring it back to the run's state; returns the trainer's step afterwards."""
+    """Restart `role`, and every other role of the run found dead with it (a lost node takes several), and bring
+    them back to the run's state; returns the trainer's step afterwards."""
     t0 = time.perf_counter()
-    pool = ctx.pool
-    pool.restart(role)
-    if role == "trainer":
-        step = restore_trainer(ctx, ctx.latest_checkpoint())
+    restarted: list[str] = []
+    dead = {role} | ctx.pool.dead_roles()
+    for _ in range(RECOVERY_ROUNDS):
+        try:
+            for lost in sorted(dead, key=lambda r: (r != "trainer", r)):  # the others are restored from the trainer
+                ctx.pool.restart(lost)
+                restarted.append(lost)
+            step = restore_state(ctx, set(restarted))
+            break
+        except WorkerLost as exc:  # another role died too (or during the restore): restart it in the next round
+            found = exc.role.rsplit("-", 1)[0]
+            log.warning("while recovering %s, %s was lost too (%s): recovering it as well", restarted, found,
+                        exc.reason)
+            dead = {found} | ctx.pool.dead_roles()
     else:
-        step = pool.call("trainer", "health")["step"]
-        if role == "generator":
-            version = run_schedule(ctx.cfg).last_sync_at(step)  # what the lost generators held; still in an fs store
-            if ctx.cfg.weightsync.backend == "broadcast":
-                # the new group holds no version, and the trainer only has its current weights (`step`): with spaced
-                # syncs or pipelining the generators now sample newer weights than the uninterrupted run did
-                version = pool.call("trainer", "publish_weights", step)
-            pool.call_all("generator", "load_weights", version)
-    ctx.recoveries.append({"role": role, "reason": reason, "trainer_step": step,
-                           "seconds": time.perf_counter() - t0})
+        raise WorkerLost(role, "-", f"could not recover {sorted(dead)} in {RECOVERY_ROUNDS} rounds ({reason})")
+    seconds = time.perf_counter() - t0
+    for lost in dict.fromkeys(restarted):
+        ctx.recoveries.append({"role": lost, "reason": reason, "trainer_step": step, "seconds": seconds})
     if ctx.records is not None:
-        ctx.records.workers(pool)  # the restarted workers replace the lost ones in the registry
-    log.warning("recovered %s (%s): trainer at step %d", role, reason, step)
+        ctx.records.workers(ctx.pool)  # the restarted workers replace the lost ones in the registry
+    log.warning("recovered %s (%s): trainer at step %d", ", ".join(dict.fromkeys(restarted)), reason, step)
+    return step
+
+
+def restore_state(ctx: RunContext, restarted: set[str]) -> int:
+    """Bring restarted roles back to the run's state (idempotent: a later round may run it again); returns the
+    trainer's step. A restarted trainer loads the latest checkpoint and every generator its weights."""
+    pool = ctx.pool
+    if "trainer" in restarted:
+        return restore_trainer(ctx, ctx.latest_checkpoint())
+    step = pool.call("trainer", "health")["step"]
+    if "generator" in restarted:
+        version = run_schedule(ctx.cfg).last_sync_at(step)  # what the lost generators held; still in an fs store
+        if ctx.cfg.weightsync.backend == "broadcast":
+            # the new group holds no version, and the trainer only has its current weights (`step`): with spaced
+            # syncs or pipelining the generators now sample newer weights than the uninterrupted run did
+            version = pool.call("trainer", "publish_weights", step)
+        pool.call_all("generator", "load_weights", version)
     return step
 
 

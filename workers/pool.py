@@ -128,6 +128,11 @@ class WorkerPool:
             self._rr[role] = itertools.cycle(self.clients(role))
         return next(self._rr[role])
 
+    def dead_roles(self) -> set[str]:
+        """Roles with a worker whose process or job is gone (a node failure takes several at once)."""
+        return {role for role, members in self.members.items()
+                if any(m.client is None or m.client.death_reason() for m in members)}
+
     def call(self, role: str, method: str, *args, **kwargs):
         return self.client(role).call(method, *args, **kwargs)
 

@@ -55,21 +55,25 @@ def wait_for_new_run(existing: set[str], steps: int, proc: subprocess.Popen | No
     raise AssertionError(f"no new run reached step {steps}")
 
 
-def kill_worker_when(role: str, after_step: int, killed: list, sig=signal.SIGKILL) -> threading.Thread:
-    """In a thread: send `sig` to the role's worker of the next new run at a random moment of the step after
-    `after_step` (whatever phase is running then)."""
+def kill_worker_when(role: str | tuple[str, ...], after_step: int, killed: list, sig=signal.SIGKILL) -> threading.Thread:
+    """In a thread: send `sig` to the worker of `role` (of each role, at the same moment: a lost node) of the next
+    new run at a random moment of the step after `after_step` (whatever phase is running then)."""
+    roles = (role,) if isinstance(role, str) else tuple(role)
     existing = existing_runs()
     # a step of the tiny run takes 0.05-0.3 s: a short delay lands inside the next step, never after the last one
     delay = random.uniform(0.0, 0.1)
-    print(f"killing {role} {delay:.3f}s after step {after_step} is recorded")
+    print(f"killing {', '.join(roles)} {delay:.3f}s after step {after_step} is recorded")
 
     def watch():
         run = wait_for_new_run(existing, after_step)
         time.sleep(delay)
-        launches = sorted((run / "workers").glob(f"{role}-0.*.rendezvous.json"), key=lambda p: p.stat().st_mtime)
-        rv = read_rendezvous(launches[-1])  # the current launch of the worker
-        os.kill(rv.pid, sig)
-        killed.append(rv.pid)
+        pids = []
+        for name in roles:
+            launches = sorted((run / "workers").glob(f"{name}-0.*.rendezvous.json"), key=lambda p: p.stat().st_mtime)
+            pids.append(read_rendezvous(launches[-1]).pid)  # the current launch of the worker
+        for pid in pids:
+            os.kill(pid, sig)
+        killed.extend(pids)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()

@@ -45,7 +45,9 @@ RUN = {**TINY, "steps": STEPS, "trainer.entropy_coef": 0.01}
 PIPELINED = {**RUN, "max_policy_age": 1}
 # off-policy: two batches in flight (both saved with each checkpoint), four PPO mini-batches per step, TIS
 OFF_POLICY = {**RUN, "max_policy_age": 2, "trainer.mini_batches": 4, "rollout_correction.mode": "tis"}
-MODES = {"on-policy": RUN, "pipelined": PIPELINED, "off-policy": OFF_POLICY}
+# a KL term: the reference worker scores every batch
+KL = {**RUN, "loss.beta": 0.04}
+MODES = {"on-policy": RUN, "pipelined": PIPELINED, "off-policy": OFF_POLICY, "kl": KL}
 _REFERENCES: dict[str, str] = {}
 
 
@@ -151,6 +153,49 @@ def run_with_killed_worker(role: str, overrides: dict, run_name: str, reference_
     assert sorted(w["restarts"] for w in rows) == [0, 1]  # the lost worker and its replacement
     if role == "trainer":  # restored from the latest checkpoint (every 2 steps; 0 if killed saving step 2), redone
         assert summary["recoveries"][0]["trainer_step"] in (0, 2, 4)
+
+
+@pytest.mark.parametrize("roles,mode", [(("generator", "reward"), "on-policy"), (("trainer", "generator"), "on-policy"),
+                                        (("trainer", "reference"), "kl")], ids=lambda v: "+".join(v) if
+                         isinstance(v, tuple) else v)
+def test_two_roles_killed_at_once_recover_exactly(roles, mode):
+    """A lost node takes several roles: every dead one is restarted and restored, the run ends bit-exact."""
+    killed: list[int] = []
+    watcher = kill_worker_when(roles, 3, killed)
+    summary = grpo_flow(overrides=MODES[mode], run_name=f"kill-{'-'.join(roles)}")
+    watcher.join(timeout=1)
+    assert len(killed) == 2, "the workers were never killed: the test did not exercise recovery"
+    assert set(roles) <= {r["role"] for r in summary["recoveries"]}
+    info = assert_records_complete(summary["run_id"], uninterrupted_sha(mode))
+    for role in roles:
+        assert sorted(w["restarts"] for w in info["workers"] if w["name"] == f"{role}-0") == [0, 1]
+
+
+def test_unrecoverable_worker_loss_ends_crashed_and_resumes_exactly(monkeypatch, reference_sha):
+    """WorkerLost beyond recovery is infrastructure: the flow run ends Crashed (what the crash Automation
+    reschedules), the run stays resumable, and the resume ends bit-exact."""
+    from prefect.client.orchestration import get_client
+
+    import tasks.recovery
+
+    def node_gone(ctx, role, reason=""):
+        raise RuntimeError(f"{role}'s node is gone for good")
+
+    monkeypatch.setattr(tasks.recovery, "recover_role", node_gone)
+    existing = existing_runs()
+    killed: list[int] = []
+    watcher = kill_worker_when("generator", 2, killed)
+    with pytest.raises(Exception, match="infrastructure failure"):
+        grpo_flow(overrides=RUN, run_name="node-gone")
+    watcher.join(timeout=1)
+    (run,) = [p for p in runs_root().iterdir() if p.name not in existing]
+    info = show_run(run.name)
+    assert info["status"] == "interrupted" and f"forgeflow resume {run.name}" in info["message"]
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(info["prefect_flow_run_id"]).state.type.value == "CRASHED"
+    monkeypatch.undo()
+    summary = grpo_flow(resume=run.name)
+    assert_records_complete(summary["run_id"], reference_sha)
 
 
 @pytest.mark.parametrize("sig,mode", [(signal.SIGINT, "on-policy"), (signal.SIGKILL, "on-policy"),
