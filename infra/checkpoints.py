@@ -55,12 +55,14 @@ def complete_checkpoints(checkpoint_dir: Path) -> list[Path]:
     return sorted(p.parent for p in Path(checkpoint_dir).glob(f"step-*/{MARKER}"))
 
 
-def mark_complete(path: Path, step: int, state_sha256: str | None, seed: int) -> None:
-    """Write the COMPLETE marker last (atomically): sha256 of the trainer state file, the canonical state digest
-    (equal for equal training states) and the sampler position, a pure function of (seed, step)."""
+def mark_complete(path: Path, step: int, state_sha256: str | None, seed: int, file_digest: str | None = None) -> None:
+    """Write the COMPLETE marker last (atomically): sha256 of the trainer state file (`file_digest` when the writer
+    already took it: the file is then not read again), the canonical state digest (equal for equal training
+    states) and the sampler position, a pure function of (seed, step)."""
     path = Path(path)
     state, inflight = path / STATE, path / INFLIGHT
-    marker = {"step": step, "policy_version": step, "sha256": file_sha256(state), "bytes": state.stat().st_size,
+    marker = {"step": step, "policy_version": step, "sha256": file_digest or file_sha256(state),
+              "bytes": state.stat().st_size,
               "state_sha256": state_sha256, "sampler": {"seed": seed, "next_step": step},
               "inflight_sha256": file_sha256(inflight) if inflight.exists() else None}
     tmp = path / f"{MARKER}.tmp"

@@ -1,9 +1,9 @@
 """Everything a run records, kept consistent: metrics.jsonl in the run directory, the SQL registry and MLflow.
 
-A step is written to metrics.jsonl and the registry when it completes. MLflow points cannot be retracted, so they are
-sent when the step becomes durable (at each checkpoint and at the end of the run): a rollback (recovery or resume)
-supersedes later steps in the registry, drops them from metrics.jsonl and from the pending MLflow points, so every
-store ends with each step exactly once.
+A step is written to metrics.jsonl, the registry and MLflow when it completes (live curves). A rollback (recovery or
+resume) supersedes later steps in the registry and drops them from metrics.jsonl; MLflow points cannot be retracted,
+so MLflow keeps the first point of each redone step (the redo from the same checkpoint and seed computes the same
+values) and the rollback is tagged on the run. Every store ends with each step exactly once.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ class RunRecords:
         self.tracker = Tracker(cfg.tracking.mlflow_uri, cfg.tracking.experiment)
         self.mlflow_run_id: str | None = None
         self.pending: list[tuple[int, dict]] = []  # (step, metrics) not yet sent to MLflow
-        self.mlflow_through = 0  # MLflow already holds steps 1..this (a resume past a corrupted checkpoint)
+        self.mlflow_through = 0  # redone steps up to this are not sent again (MLflow holds their first point)
+        self.mlflow_sent = 0  # the last step sent to MLflow by this process
+        self.rollbacks: list[str] = []
 
     # ---- lifecycle ----
 
@@ -133,6 +135,7 @@ class RunRecords:
         with session_scope(self.registry_url) as s:
             repo.record_iteration(s, self.run_id, step, metrics, policy_version=step)
         self.pending.append((step, metrics))
+        self.flush()  # live curves: each step is sent as it is recorded
 
     def flush(self) -> None:
         """Send pending steps to MLflow (one batch call per step)."""
@@ -141,10 +144,13 @@ class RunRecords:
                 if step <= self.mlflow_through:  # redone after a rollback below what MLflow has: keep one point
                     continue
                 self.tracker.log_step(self.mlflow_run_id, step, metrics)
+                self.mlflow_sent = max(self.mlflow_sent, step)
         self.pending.clear()
 
     def rollback(self, step: int) -> None:
-        """Steps after `step` will be redone: supersede them everywhere."""
+        """Steps after `step` will be redone: supersede them everywhere. MLflow cannot retract points, so it keeps
+        the first value of each redone step (a redo from the same checkpoint and seed computes the same one) and the
+        rollback is marked on the run (tag forgeflow.rollbacks)."""
         rows = self.rows()
         kept = [r for r in rows if r["step"] <= step]
         if len(kept) != len(rows):
@@ -152,6 +158,10 @@ class RunRecords:
         with session_scope(self.registry_url) as s:
             repo.supersede_after(s, self.run_id, step)
         self.pending = [(k, m) for k, m in self.pending if k <= step]
+        if self.mlflow_run_id and self.mlflow_sent > step:
+            self.mlflow_through = max(self.mlflow_through, self.mlflow_sent)
+            self.rollbacks.append(f"{self.mlflow_sent}->{step}")
+            self.tracker.set_tags(self.mlflow_run_id, {"forgeflow.rollbacks": ", ".join(self.rollbacks)})
 
     def resume_at(self, step: int, checkpoint: Path | None = None) -> None:
         """The run continues from `checkpoint` at `step`: drop later steps, register the checkpoint if the registry
@@ -190,10 +200,11 @@ class RunRecords:
         p = Path(path)
         main = p / STATE if (p / STATE).exists() else p / "model.safetensors"
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-        state = read_marker(p).get("state_sha256")
+        marker = read_marker(p)  # its sha256 is trainer.pt's, taken once where it was written
+        digest = marker.get("sha256") if main.name == STATE and marker.get("sha256") else file_sha256(main)
         with session_scope(self.registry_url) as s:
-            ck = repo.record_checkpoint(s, self.run_id, step, str(p), file_sha256(main), size, kind,
-                                        state_sha256=state)
+            ck = repo.record_checkpoint(s, self.run_id, step, str(p), digest, size, kind,
+                                        state_sha256=marker.get("state_sha256"))
             ck_id = ck.id
         self.flush()  # steps up to here can no longer be rolled back
         return ck_id

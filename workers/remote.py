@@ -168,10 +168,11 @@ class RemoteTrainer:
             raise RolledBack(actual)
         path = ckpt.step_dir(self.checkpoint_dir, version)
         # state_sha256: equal for equal training states (the file's own bytes are not canonical)
-        state_sha256 = self.pool.call("trainer", "save_checkpoint", str(path))
+        saved = self.pool.call("trainer", "save_checkpoint", str(path))
         if ahead:
             save_atomically([batch.result() for batch in ahead], path / ckpt.INFLIGHT)
-        ckpt.mark_complete(path, version, state_sha256, self.seed)  # last: without it the directory is ignored
+        # last: without it the directory is ignored
+        ckpt.mark_complete(path, version, saved["state_sha256"], self.seed, file_digest=saved["sha256"])
         ckpt.prune_checkpoints(self.checkpoint_dir, self.keep)
         return str(path)
 

@@ -21,7 +21,7 @@ from forge_core.training.trainer import loss_mask_of, save_atomically
 from forge_core.training.update import select_rows
 from forge_core.types import Group
 from infra import components as C
-from infra.checkpoints import HF_DIR, STATE, WORKER_STEP
+from infra.checkpoints import HF_DIR, STATE, WORKER_STEP, file_sha256
 from infra.config import RunConfig
 from workers.base import Worker, dtype_of, model_source, worker_device
 from workers.collective import collective, follow_calls
@@ -189,10 +189,10 @@ class TrainerWorker(Worker):
             self.policy_version = version
 
     @collective
-    def save_checkpoint(self, path: str) -> str | None:
+    def save_checkpoint(self, path: str) -> dict | None:
         """Trainer state (model, optimizer, scheduler, RNG, step) to path/trainer.pt — with several ranks, model and
-        optimizer shards to path/dcp and the gathered model to trainer.pt — and HF weights to path/hf; returns the
-        state's canonical `state_sha256` (rank 0)."""
+        optimizer shards to path/dcp and the gathered model to trainer.pt — and HF weights to path/hf; returns (rank 0)
+        the state's canonical `state_sha256` and the trainer.pt file's `sha256`."""
         out = Path(path)
         small_state = save_sharded(self.trainer, out) if self.world > 1 else None  # collective
         state = self._full_state()  # collective when sharded
@@ -206,7 +206,9 @@ class TrainerWorker(Worker):
             digest = state_sha256({"model": state, "step": self.trainer.step})
         save_model_and_tokenizer(self._hf_model(state), self.tokenizer, out / HF_DIR)
         (out / WORKER_STEP).write_text(json.dumps({"step": self.step}))
-        return digest
+        # the file's digest is taken here, where the file was just written (page cache), so the controller never
+        # reads the checkpoint back over a shared filesystem
+        return {"state_sha256": digest, "sha256": file_sha256(out / STATE)}
 
     @collective
     def load_checkpoint(self, path: str) -> int:

@@ -27,7 +27,18 @@ def cli_json(*args) -> object:
     return json.loads(out.stdout)
 
 
-def test_sft_then_grpo_run_is_tracked_registered_and_linked():
+def test_sft_then_grpo_run_is_tracked_registered_and_linked(monkeypatch):
+    import infra.checkpoints
+    import infra.records
+
+    read_back: list[str] = []  # checkpoint files the controller hashes (the trainer hashes what it writes)
+
+    def counting_sha256(path):
+        read_back.append(str(path))
+        return file_sha256(path)
+
+    monkeypatch.setattr(infra.checkpoints, "file_sha256", counting_sha256)
+    monkeypatch.setattr(infra.records, "file_sha256", counting_sha256)
     summary = grpo_flow(overrides={**TINY, "steps": 4, "sft.steps": 5, "sft.schedule_steps": 5,
                                    "sft.batch_size": 16}, run_name="records-e2e")
     client = MlflowClient(default_tracking_uri())
@@ -45,6 +56,7 @@ def test_sft_then_grpo_run_is_tracked_registered_and_linked():
     assert "model.safetensors" in {a.path.split("/")[-1] for a in client.list_artifacts(run.info.run_id, "checkpoint")}
     assert run.data.tags["forgeflow.checkpoint_uri"] == summary["checkpoint"]
 
+    assert not [p for p in read_back if p.endswith("trainer.pt")], read_back  # checkpoints are never read back
     info = cli_json("runs", "show", summary["run_id"])
     assert info["status"] == "completed" and info["steps_completed"] == 4
     final = info["final_checkpoint"]
@@ -81,3 +93,27 @@ def test_dapo_vs_gspo_sweep_is_nested_in_mlflow_linked_in_registry_and_compared(
     assert png.stat().st_size > 10_000
     text = subprocess.run([*CLI, "runs", "ls"], capture_output=True, text=True, check=True).stdout
     assert all(rid in text for rid in run_ids) and result["sweep_id"] in text
+
+
+def test_each_step_reaches_mlflow_when_recorded_and_a_rollback_keeps_one_point(tmp_path):
+    """Live curves: a step is in MLflow as soon as it is recorded; a rollback tags the run and the redone step keeps
+    one point (MLflow cannot retract the first)."""
+    import uuid
+
+    from infra.config_checks import load_config
+    from infra.records import RunRecords
+
+    records = RunRecords(load_config("configs/grpo_math_tiny.yaml", TINY), f"live-{uuid.uuid4().hex[:8]}", tmp_path)
+    records.start("live-curves", None, None)
+    client = MlflowClient(default_tracking_uri())
+    records.step(1, {"reward/mean": 0.1, "timing/step": 1.0})
+    assert [m.step for m in client.get_metric_history(records.mlflow_run_id, "reward/mean")] == [1]
+    records.step(2, {"reward/mean": 0.2, "timing/step": 1.0})
+    records.rollback(1)
+    records.step(2, {"reward/mean": 0.2, "timing/step": 1.0})
+    records.step(3, {"reward/mean": 0.3, "timing/step": 1.0})
+    records.finish("completed")
+    history = client.get_metric_history(records.mlflow_run_id, "reward/mean")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+    assert client.get_run(records.mlflow_run_id).data.tags["forgeflow.rollbacks"] == "2->1"
+    assert [r["step"] for r in records.rows()] == [1, 2, 3]

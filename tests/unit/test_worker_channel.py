@@ -131,3 +131,40 @@ def test_slurm_time_strings():
     assert slurm_minutes("10:30") == 11
     with pytest.raises(ValueError, match="slurm.time"):
         slurm_minutes("1:2:3:4")
+
+
+def test_connect_to_a_wedged_worker_raises_worker_lost(tmp_path):
+    """A listener that never answers the handshake (a wedged worker) makes connect raise WorkerLost after the
+    handshake time-out instead of hanging."""
+    import socket
+
+    from workers.protocol import Rendezvous
+
+    wedged = socket.create_server(("127.0.0.1", 0))  # the kernel completes connections; nobody ever answers
+    try:
+        rv = Rendezvous("echo", "127.0.0.1", wedged.getsockname()[1], os.getpid())
+        client = WorkerClient("echo-0", rv, SecretKey(new_authkey()))
+        client.handshake_timeout_s = 0.5
+        with pytest.raises(WorkerLost, match="cannot connect to 127.0.0.1"):
+            client.call("generate", 1)
+    finally:
+        wedged.close()
+
+
+def test_two_threads_share_one_client(tmp_path):
+    key = SecretKey(new_authkey())
+    _, rv = serve_in_thread(tmp_path, key)
+    client = WorkerClient("echo-0", rv, key)
+    wrong: list = []
+
+    def caller(base: int):
+        for i in range(50):
+            if client.call("generate", base + i, sleep=0.001) != 2 * (base + i):
+                wrong.append(base + i)
+
+    threads = [threading.Thread(target=caller, args=(b,)) for b in (0, 1000, 2000)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
