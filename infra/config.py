@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import os
 import re
 import types
 import typing
@@ -448,8 +449,14 @@ def to_plain(value: Any) -> Any:
 
 
 def dump_config(cfg: RunConfig, path: str | Path) -> Path:
-    """Write the resolved config as YAML."""
+    """Write the resolved config as YAML; mode 0600 when it holds a secret (a password in a URL), which resume needs
+    and nothing else may read."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    data = config_to_dict(cfg)
+    mode = 0o600 if redact_secrets(data) != data else 0o644
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    os.fchmod(fd, mode)  # an existing file keeps its old mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -257,13 +257,13 @@ def test_a_crash_around_a_checkpoint_loses_no_step_on_resume(point, monkeypatch,
     from infra.records import RunRecords
 
     if point == "before-complete":
-        real = checkpoints.file_sha256
+        real = checkpoints.mark_complete
 
-        def crash_in_checkpoint(path):
+        def crash_in_checkpoint(path, *args, **kwargs):  # the state is written, its COMPLETE marker is not
             if "step-000004" in str(path):
                 raise InjectedCrash(point)
-            return real(path)
-        monkeypatch.setattr(checkpoints, "file_sha256", crash_in_checkpoint)
+            return real(path, *args, **kwargs)
+        monkeypatch.setattr(checkpoints, "mark_complete", crash_in_checkpoint)
     else:
         real = RunRecords.checkpoint
 

@@ -178,3 +178,13 @@ def test_dr_grpo_loss_implies_mean_only_advantages_unless_set():
     assert load_config(None, {"loss.name": "dr_grpo"}).advantage.name == "dr_grpo"
     assert load_config(None, {"loss.name": "dr_grpo", "advantage.name": "rloo"}).advantage.name == "rloo"
     assert load_config(None, {"loss.name": "grpo"}).advantage.name == "grpo"
+
+
+def test_a_config_with_a_password_is_written_only_for_its_owner(tmp_path):
+    from infra.config import dump_config
+
+    plain = dump_config(load_config("configs/grpo_math_tiny.yaml"), tmp_path / "plain.yaml")
+    secret = dump_config(load_config("configs/grpo_math_tiny.yaml", {
+        "tracking.registry_url": "postgresql://forgeflow:hunter2@db:5432/registry"}), tmp_path / "secret.yaml")
+    assert plain.stat().st_mode & 0o777 == 0o644
+    assert secret.stat().st_mode & 0o777 == 0o600 and "hunter2" in secret.read_text()  # resume needs it
