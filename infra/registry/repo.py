@@ -108,8 +108,13 @@ def find_checkpoint(s: Session, ref: str) -> Checkpoint | None:
 
 def record_worker(s: Session, run_id: str, name: str, role: str, job_id: str, host: str | None, pid: int | None,
                   started_s: float | None = None) -> Worker:
-    """Register a (re)started worker; a restart of the same name counts in `restarts`."""
+    """Register a (re)started worker; a restart of the same name counts in `restarts`. The same job recorded again
+    (the pool's workers are recorded after each recovery) updates its row."""
     old = s.scalars(select(Worker).where(Worker.run_id == run_id, Worker.name == name)).all()
+    same = [w for w in old if w.job_id == str(job_id) and w.state == "running"]
+    if same:
+        same[0].host, same[0].pid = host or same[0].host, pid or same[0].pid
+        return same[0]
     for w in old:
         if w.state == "running":
             w.state = "lost"

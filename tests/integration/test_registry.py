@@ -76,6 +76,7 @@ def test_runs_iterations_checkpoints_and_lineage(url):
         repo.record_checkpoint(s, "g1", 4, "/runs/g1/checkpoints/step-4", "c" * 64, 200)
         w = repo.record_worker(s, "g1", "trainer-0", "trainer", "123", "vm", 42)
         w2 = repo.record_worker(s, "g1", "trainer-0", "trainer", "124", "vm", 43)
+        assert repo.record_worker(s, "g1", "trainer-0", "trainer", "124", "vm", 43) is w2  # recorded again: one row
     with session_scope(url) as s:
         assert repo.completed_steps(s, "g1") == [1, 2, 3]
         attempts = s.scalars(select(Iteration).where(Iteration.run_id == "g1", Iteration.step == 3)
