@@ -291,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         if INTERRUPTED:
             print("forgeflow: Ctrl-C was pressed, but the run ended with the error below, not because of it",
                   file=sys.stderr)
+        if type(exc).__name__ in ("FailedRun", "CrashedRun"):  # a flow ended on a user or infrastructure error
+            print(f"forgeflow: error: {exc}", file=sys.stderr)  # whose message names the fix (logged above)
+            return 1
         raise
     parser.error(f"unknown command {args.command!r}")
     return 2

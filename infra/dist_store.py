@@ -112,3 +112,13 @@ def init_job_process_group(rank: int, world_size: int, bind_host: str, address_f
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     log.info("process group of %d formed (%s, rank %d)", world_size, backend, rank)
+
+
+def close_job_process_group() -> None:
+    """Tear the job's process group down before the interpreter exits (left to teardown, gloo's threads and the
+    store can abort the process: "terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _LIVE_MASTERS.clear()

@@ -86,10 +86,17 @@ def run_worker(spec: WorkerSpec) -> int:
                      Path(spec.heartbeat) if spec.heartbeat else None, spec.heartbeat_stale_s)
     worker = build_worker(spec)
     log.info("%s built on %s (pid %d, rank %d/%d)", spec.name, socket.gethostname(), os.getpid(), rank, world)
-    if rank > 0:
-        worker.follow()
-        return 0
-    WorkerServer(worker, spec.role, Path(spec.rendezvous), read_authkey(spec.key_path), spec.bind_host).serve_forever()
+    try:
+        if rank > 0:
+            worker.follow()
+        else:
+            WorkerServer(worker, spec.role, Path(spec.rendezvous), read_authkey(spec.key_path),
+                         spec.bind_host).serve_forever()
+    finally:
+        if world > 1:
+            from infra.dist_store import close_job_process_group
+
+            close_job_process_group()
     return 0
 
 

@@ -128,10 +128,11 @@ def authenticate(sock: socket.socket, authkey: bytes, server: bool,
 
     Every read and write of the handshake is bounded by `timeout_s`, so a silent or slow peer costs one thread for
     that long; pre-authentication messages are capped at 256 bytes by multiprocessing, so a huge length prefix is
-    refused, not allocated. Raises AuthenticationError, OSError or EOFError; the caller closes nothing."""
+    refused, not allocated. Raises AuthenticationError, OSError or EOFError, with the connection already closed."""
     require_authkey(authkey, "worker channel")
     if sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # see set_io_timeout
+        # messages over 16 KiB are written as header + payload: Nagle's algorithm with delayed ACKs holds ~40 ms
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(None)  # blocking fd: the kernel's SO_RCVTIMEO bounds each read instead
     set_io_timeout(sock, timeout_s)
     conn = Connection(sock.detach())
@@ -163,8 +164,7 @@ def connect_authenticated(address: tuple[str, int], authkey: bytes,
 
 
 def set_io_timeout(sock: socket.socket, timeout_s: float) -> None:
-    """Bound every blocking read and write on the socket's fd (0 = no bound). Messages over 16 KiB are written as
-    header + payload, which Nagle's algorithm with delayed ACKs would hold ~40 ms, hence TCP_NODELAY above."""
+    """Bound every blocking read and write on the socket's fd (0 = no bound): SO_RCVTIMEO / SO_SNDTIMEO."""
     seconds = int(timeout_s)
     value = struct.pack("ll", seconds, int((timeout_s - seconds) * 1e6))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)

@@ -28,21 +28,24 @@ def run_rank(rank: int, address_file: str, results: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from infra.dist_store import init_job_process_group
+    from infra.dist_store import close_job_process_group, init_job_process_group
 
     init_job_process_group(rank, 2, "127.0.0.1", Path(address_file), timeout_s=60)
     worker = TwoRankWorker(rank, 2)
-    if rank > 0:
-        follow_calls(worker)
-        return
-    lines = []
-    for target in (1, 0, None):
-        try:
-            lines.append(f"{target}: {worker.fails_on(target)}")
-        except Exception as exc:
-            lines.append(f"{target}: {type(exc).__name__}: {exc}")
-    worker.shutdown()
-    Path(results).write_text("\n".join(lines))
+    try:
+        if rank > 0:
+            follow_calls(worker)
+            return
+        lines = []
+        for target in (1, 0, None):
+            try:
+                lines.append(f"{target}: {worker.fails_on(target)}")
+            except Exception as exc:
+                lines.append(f"{target}: {type(exc).__name__}: {exc}")
+        worker.shutdown()
+        Path(results).write_text("\n".join(lines))
+    finally:
+        close_job_process_group()
 
 
 def test_a_failure_on_rank_1_is_raised_by_rank_0():
