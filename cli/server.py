@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+from infra.dist_store import is_loopback
 
 
 def read_auth_string(path: str | Path) -> str:
@@ -32,7 +32,7 @@ def server_command(port: int, host: str = "127.0.0.1", auth_file: str | None = N
     env = dict(os.environ)
     if auth_file:
         env["PREFECT_SERVER_API_AUTH_STRING"] = read_auth_string(auth_file)
-    elif host not in LOOPBACK:
+    elif not is_loopback(host):
         raise ValueError(f"--host {host} serves the Prefect API beyond this machine, and anyone who reaches it can "
                          "start flow runs: add --auth-file FILE (a 0600 file holding a random string; clients set "
                          "PREFECT_API_AUTH_STRING to the same string)")

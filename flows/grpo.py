@@ -120,10 +120,9 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             finally:
                 unregister_run(run_id)
     except BaseException as exc:
-        lost = None if interrupted_by(exc) else lost_worker(exc)
-        if lost is not None:  # infrastructure, not the run's fault: kept resumable and ended Crashed, which the
-            return end_crashed(run_id, records, lost)  # deployment's Automation reschedules (attempts are capped)
         if not interrupted_by(exc):
+            if (lost := lost_worker(exc)) is not None:  # infrastructure, not the run's fault: kept resumable and
+                return end_crashed(run_id, records, lost)  # ended Crashed, which the crash Automation reschedules
             records.finish("failed", message=f"{type(exc).__name__}: {exc}"[:2000])
             raise
         # said first: finishing the records may fail too once Ctrl-C has stopped the embedded servers

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -41,8 +43,23 @@ class ProblemSplits:
     eval_prompts: list[str]
 
 
+_SPLITS: dict[str, tuple[list[Problem], list[Problem]]] = {}  # read once per process (config check, flows, tasks)
+
+
 def load_splits(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
-    """(train, eval) problems for cfg.dataset; eval is capped at cfg.eval.num_prompts."""
+    """(train, eval) problems for cfg.dataset; eval is capped at cfg.eval.num_prompts. A dataset is read once per
+    process: the config check, the SFT and GRPO flows and their tasks share it (until a file on disk changes)."""
+    files = [Path(p) for p in (cfg.dataset.path, cfg.dataset.eval_path) if p and Path(p).is_file()]
+    key = json.dumps([dataclasses.asdict(cfg.dataset), cfg.eval.num_prompts,
+                      [(str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files]], sort_keys=True, default=str)
+    if key not in _SPLITS:
+        _SPLITS[key] = read_splits(cfg)
+    train, held_out = _SPLITS[key]
+    return list(train), list(held_out)
+
+
+def read_splits(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
+    """(train, eval) problems read from cfg.dataset (see `load_splits`)."""
     ds, n_eval = cfg.dataset, cfg.eval.num_prompts
     if ds.kind == "arith":
         spec = ArithSpec(max_value=ds.max_value, num_terms=ds.num_terms, ops=tuple(ds.ops), style=ds.style)

@@ -29,6 +29,12 @@ def is_loopback(host: str) -> bool:
     return host in LOOPBACK
 
 
+def advertised_host(bind_host: str) -> str:
+    """The name other members connect to: the loopback address itself, else this node's host name (a socket bound
+    on all interfaces, 0.0.0.0, cannot be reached at that address from another node)."""
+    return socket.gethostname() if bind_host in ("", "0.0.0.0") else bind_host
+
+
 def bind_listen_socket(host: str) -> socket.socket:
     """A listening TCP socket on a free port: on loopback for a loopback `host`, on every interface otherwise."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -53,7 +59,7 @@ class MasterStore:
 
         self.socket = bind_listen_socket(host)
         self.port = self.socket.getsockname()[1]
-        self.host = host if is_loopback(host) else (host or socket.gethostname())
+        self.host = advertised_host(host)
         self.store = dist.TCPStore(self.host, self.port, world_size, is_master=True,
                                    timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
                                    master_listen_fd=self.socket.fileno())

@@ -28,15 +28,21 @@ def is_fallout(exc: BaseException) -> bool:
             or any(m in str(exc) for m in FALLOUT_MESSAGES))
 
 
+def exception_chain(exc: BaseException | None) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or during (__cause__, else __context__), outermost first."""
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
 def interrupted_by(exc: BaseException) -> bool:
     """Whether `exc` ends the run because of Ctrl-C: a KeyboardInterrupt in its chain, or, after this process
     received SIGINT, a failure in the chain that Ctrl-C causes (`is_fallout`). Any other exception is a real failure
     even after Ctrl-C, and is reported as one."""
-    seen, chain = set(), []
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):
-            return True
-        seen.add(id(exc))
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    chain = exception_chain(exc)
+    if any(isinstance(e, KeyboardInterrupt) for e in chain):
+        return True
     return bool(INTERRUPTED) and any(is_fallout(e) for e in chain)

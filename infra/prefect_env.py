@@ -65,13 +65,8 @@ def wait_for_task_runs(flow_run_id: str, expected: int, timeout_s: float = 60.0)
 def fail_for_user_error(exc: ValueError):
     """The final state of a flow run refused for an expected user error (bad config, dataset row, run id): Failed
     with the error's message (which names the file, key and fix), logged as one line instead of a traceback."""
-    import logging
-
     from prefect import get_run_logger
     from prefect.states import Failed
 
-    try:
-        get_run_logger().error("%s", exc)
-    except Exception:  # noqa: BLE001 - outside a run context only the state carries the message
-        logging.getLogger(__name__).error("%s", exc)
+    get_run_logger().error("%s", exc)
     return Failed(message=str(exc)[:4000])

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from infra.components import run_schedule
+from infra.interrupts import exception_chain
 from tasks.context import RunContext, run_owning_job
 from workers.protocol import WorkerLost
 
@@ -37,13 +38,7 @@ def retry_on_worker_lost(task, task_run, state) -> bool:
 
 def lost_worker(exc: BaseException | None) -> WorkerLost | None:
     """The WorkerLost in `exc`'s chain, if any: an infrastructure failure rather than a bug or a user error."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, WorkerLost):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return next((e for e in exception_chain(exc) if isinstance(e, WorkerLost)), None)
 
 
 RECOVERY_ROUNDS = 3  # a role found dead while others are being restored is restarted in the next round

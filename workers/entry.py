@@ -16,7 +16,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from workers.protocol import SecretKey  # noqa: E402
+from workers.protocol import SecretKey, require_authkey  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,11 @@ class WorkerSpec:
     heartbeat: str | None = None
     heartbeat_stale_s: float = 60.0
     bind_host: str = "127.0.0.1"
-    store_timeout_s: float = 600.0
     env: dict = field(default_factory=dict)
 
 
 def read_authkey(path: str | Path) -> SecretKey:
     """The run's worker key from its 0600 file; an empty file is refused (it would disable authentication)."""
-    from workers.protocol import require_authkey
-
     return SecretKey(require_authkey(Path(path).read_bytes(), f"authkey file {path}"))
 
 
@@ -137,5 +134,5 @@ def init_distributed(spec: WorkerSpec) -> tuple[int, int]:
     if torch.cuda.is_available():  # one GPU per rank, before NCCL binds one
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     address_file = Path(spec.rendezvous).with_name(f"{spec.name}.job{job_id}.store.json")
-    init_job_process_group(env.rank, world, spec.bind_host, address_file, spec.store_timeout_s)
+    init_job_process_group(env.rank, world, spec.bind_host, address_file)
     return env.rank, world

@@ -18,6 +18,7 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from infra.dist_store import advertised_host
 from workers.protocol import (
     CALLS,
     HANDSHAKE_TIMEOUT_S,
@@ -56,15 +57,9 @@ class WorkerServer:
     def address(self) -> tuple[str, int]:
         return self.listener.getsockname()[:2]
 
-    def advertised_host(self) -> str:
-        host = self.address[0]
-        if host in ("0.0.0.0", ""):  # bound on all interfaces (SLURM): advertise a name other nodes resolve
-            return socket.gethostname()
-        return host
-
     def serve_forever(self) -> None:
         """Write the rendezvous and serve until a `shutdown` call or stop event."""
-        rv = Rendezvous(self.role, self.advertised_host(), self.address[1], os.getpid())
+        rv = Rendezvous(self.role, advertised_host(self.address[0]), self.address[1], os.getpid())
         write_rendezvous(self.rendezvous_path, rv)
         log.info("%s worker pid %d serving on %s:%d", self.role, rv.pid, rv.host, rv.port)
         threading.Thread(target=self._accept_loop, daemon=True, name="accept").start()

@@ -35,3 +35,20 @@ def test_cli_names_the_row_without_a_traceback_and_starts_nothing(tmp_path):
     assert out.returncode == 2
     assert "train.jsonl:3: invalid JSON" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "home" / "runs").exists()
+
+
+def test_a_dataset_is_read_once_per_process_until_its_file_changes(tmp_path, monkeypatch):
+    from infra import components as C
+
+    path = write_gsm8k(tmp_path / "train.jsonl")
+    cfg = load_config("configs/grpo_math_tiny.yaml", {"dataset.kind": "gsm8k", "dataset.path": str(path),
+                                                      "eval.num_prompts": 8})
+    reads = []
+    real = C.read_splits
+    monkeypatch.setattr(C, "read_splits", lambda c: reads.append(1) or real(c))
+    first, second = C.load_splits(cfg), C.load_splits(cfg)
+    assert reads == [] and first == second  # the config check above already read it
+    first[0].pop()  # callers get their own lists: the cached split is untouched
+    assert len(C.load_splits(cfg)[0]) == 32
+    path.write_text(path.read_text() + '{"question": "9+1=", "answer": "#### 10"}\n')
+    assert len(C.load_splits(cfg)[0]) == 33 and reads == [1]

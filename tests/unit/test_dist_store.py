@@ -56,7 +56,8 @@ def test_a_non_loopback_host_binds_every_interface(outside_address):
         sock.close()
 
 
-def test_ports_are_bound_before_they_are_named():
-    """Two stores asked at once never get the same port (the kernel assigns it while binding)."""
-    a, b = MasterStore("127.0.0.1", 1, 10), MasterStore("127.0.0.1", 1, 10)
-    assert a.port != b.port
+def test_a_store_bound_on_every_interface_advertises_the_node_name():
+    """Other nodes connect to the published address: 0.0.0.0 would send them to themselves."""
+    master = MasterStore("0.0.0.0", 1, 10)
+    assert master.address == f"{socket.gethostname()}:{master.port}"
+    assert MasterStore("127.0.0.1", 1, 10).address.startswith("127.0.0.1:")
