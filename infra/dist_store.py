@@ -44,13 +44,6 @@ def bind_listen_socket(host: str) -> socket.socket:
     return sock
 
 
-def keep_gloo_on_loopback(host: str) -> None:
-    """gloo listens on the interface of the host name by default; when every member is on this host (`host` is
-    loopback), keep its sockets on loopback too. Read by gloo process groups created after this call."""
-    if is_loopback(host):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-
-
 class MasterStore:
     """The master side of a TCPStore on a port that is already bound (keeps its socket alive with the store)."""
 
@@ -107,7 +100,6 @@ def init_job_process_group(rank: int, world_size: int, bind_host: str, address_f
     import torch
     import torch.distributed as dist
 
-    keep_gloo_on_loopback(bind_host)
     if rank == 0:
         master = MasterStore(bind_host, world_size, timeout_s)
         publish_address(address_file, master.address)

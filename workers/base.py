@@ -38,6 +38,16 @@ class Worker:
         """Acknowledge; the server stops after replying."""
         return True
 
+    def await_weight_group(self) -> bool:
+        """weightsync.backend broadcast: block until the weight-broadcast group this worker opened (trainer) or
+        joined (generator) has formed; raises at once when it could not form."""
+        store = getattr(self, "store", None)
+        if store is None or not hasattr(store, "wait_formed"):
+            raise ValueError("await_weight_group before open_weight_group / join_weight_group "
+                             "(weightsync.backend: broadcast only)")
+        store.wait_formed()
+        return True
+
 
 def worker_device(cfg: RunConfig, role: str) -> torch.device:
     """cuda:LOCAL_RANK when the plan gives this role GPUs and CUDA is usable here, else cpu."""

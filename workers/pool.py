@@ -25,7 +25,7 @@ from infra.weightsync import FSWeightStore, default_store_root
 from workers.client import WorkerClient
 from workers.entry import WorkerSpec, run_worker
 from workers.plan import RolePlan, check_capacity, plan_jobs, plan_roles, uses_gpu
-from workers.protocol import SecretKey, WorkerLost, new_authkey, read_rendezvous
+from workers.protocol import SecretKey, WorkerCallError, WorkerLost, new_authkey, read_rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,9 @@ class Member:
     job: object
     client: WorkerClient | None = None
     started_s: float = 0.0
+
+
+WEIGHT_GROUP_ATTEMPTS = 3  # a fresh group (new store, new port) per attempt
 
 
 @dataclass
@@ -154,11 +157,22 @@ class WorkerPool:
         # NCCL when the trainer and the generators hold their models on GPUs, gloo otherwise
         device = "cuda" if uses_gpu(self.cfg, "trainer") and uses_gpu(self.cfg, "generator") else "cpu"
         world = 1 + len(generators)
-        address = trainer.call("open_weight_group", trainer.rendezvous.host, world, device)
-        for rank, client in enumerate(generators, start=1):
-            client.call("join_weight_group", address, rank, world, device)
-        trainer.call("await_weight_group")
-        log.info("weight-broadcast group of %d formed at %s (%s)", world, address, device)
+        for attempt in range(1, WEIGHT_GROUP_ATTEMPTS + 1):
+            address = trainer.call("open_weight_group", trainer.rendezvous.host, world, device)
+            for rank, client in enumerate(generators, start=1):
+                client.call("join_weight_group", address, rank, world, device)
+            try:  # a member that could not connect says so at once; the trainer would wait call_timeout_s for it
+                for client in generators:
+                    client.call("await_weight_group")
+            except WorkerCallError as exc:
+                log.warning("weight-broadcast group at %s did not form (attempt %d of %d): %s", address, attempt,
+                            WEIGHT_GROUP_ATTEMPTS, str(exc).splitlines()[0])
+                if attempt == WEIGHT_GROUP_ATTEMPTS:
+                    raise
+                continue
+            trainer.call("await_weight_group")
+            log.info("weight-broadcast group of %d formed at %s (%s)", world, address, device)
+            return
 
     def _submit(self, plan: RolePlan, index: int) -> Member:
         name = f"{plan.role}-{index}"

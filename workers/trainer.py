@@ -110,13 +110,6 @@ class TrainerWorker(Worker):
                                          timeout_s=self.cfg.workers.call_timeout_s, device=device)
         return self.store.address
 
-    def await_weight_group(self) -> bool:
-        """Block until every generator has joined the group open_weight_group hosts."""
-        if self.store is None or not hasattr(self.store, "wait_formed"):
-            raise ValueError("await_weight_group before open_weight_group (weightsync.backend: broadcast only)")
-        self.store.wait_formed()
-        return True
-
     def _build_titan(self, hf_model):
         """The torchtitan twin of `hf_model`, parallelized over this job's ranks (TP inside, FSDP over the rest)."""
         from forge_core.models.titan import titan_from_hf

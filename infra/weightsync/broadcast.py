@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from infra.dist_store import MasterStore, connect_store, keep_gloo_on_loopback
+from infra.dist_store import MasterStore, connect_store
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,6 @@ class BroadcastWeightSync:
         self.device = torch.device(device)
         # the TCPStore server lives in rank 0 on a port bound before use, on loopback when `host` is (keep it
         # referenced); clients retry until it is up
-        keep_gloo_on_loopback(host)
         if rank == 0:
             self._master = MasterStore(host, world_size, timeout_s)
             self._store, self.address = self._master.store, self._master.address

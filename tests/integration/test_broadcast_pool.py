@@ -80,3 +80,27 @@ def test_a_killed_trainer_hosts_a_new_group(broadcast_run):
     m = run_pool_iteration(pool, splits, 4, 4, step=0)
     assert m["policy_version"] == 1 and "weights/publish_failed" not in m
     assert [h["policy_version"] for h in pool.health()["generator"]] == [1, 1]
+
+
+def test_a_group_a_member_could_not_join_is_formed_again(tmp_path, monkeypatch):
+    """A generator whose gloo connections fail reports it at once, and the pool forms a fresh group (new store,
+    new port) instead of waiting workers.call_timeout_s for the member that never comes. Inline workers: the
+    failure is injected into this process's first receiver."""
+    from infra.weightsync.broadcast import BroadcastWeightSync
+
+    real_run, failed = BroadcastWeightSync._run, []
+
+    def refused_once(self):
+        if self.rank > 0 and not failed:
+            failed.append(self.address)
+            self._fail(ConnectionRefusedError("injected: gloo connectFullMesh refused"), "could not form")
+            self._formed.set()
+            return
+        real_run(self)
+
+    monkeypatch.setattr(BroadcastWeightSync, "_run", refused_once)
+    cfg = tiny_config("inline", **{"weightsync.backend": "broadcast", "workers.call_timeout_s": 600})
+    with WorkerPool(cfg, tmp_path / "run", roles=("trainer", "generator")) as pool:
+        assert len(failed) == 1
+        assert pool.call("trainer", "publish_weights", 1) == 1
+        assert pool.call_all("generator", "load_weights", 1) == [1]
