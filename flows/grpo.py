@@ -113,9 +113,7 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
                 before = roles.generator.evaluate(start)
                 logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
                             before["eval/accuracy"], max(pool.startup_s.values()), threads)
-                run_grpo_steps(roles, C.run_schedule(cfg), start, FlowRecorder(records, cfg.steps))
-                after = roles.generator.evaluate(cfg.steps)
-                final = final_checkpoint(ctx, roles)
+                after, final = run_to_end(ctx, roles, start, FlowRecorder(records, cfg.steps))
                 records.checkpoint(cfg.steps, final, kind="final")
             finally:
                 unregister_run(run_id)
@@ -185,16 +183,27 @@ def run_id_for_flow_run() -> str:
     return run_id
 
 
+def run_to_end(ctx: RunContext, roles, start: int, recorder: FlowRecorder) -> tuple[dict, str]:
+    """Steps start..steps-1, then the final evaluation and checkpoint; a trainer rolled back by a recovery during
+    those last two redoes the steps after its checkpoint. Returns (final eval metrics, final checkpoint path)."""
+    step = start
+    while True:
+        run_grpo_steps(roles, C.run_schedule(ctx.cfg), step, recorder)
+        try:
+            return roles.generator.evaluate(ctx.cfg.steps), final_checkpoint(ctx, roles)
+        except RolledBack as back:
+            log.warning("trainer restored to step %d after the last step; redoing the steps from there", back.step)
+            step = back.step
+            recorder.rollback(step)
+
+
 def final_checkpoint(ctx: RunContext, roles) -> str:
-    """The checkpoint of the last step: already saved when the schedule checkpointed it, else saved now."""
+    """The checkpoint of the last step: already saved when the schedule checkpointed it, else saved now
+    (RolledBack when the trainer is no longer at the last step)."""
     last = ckpt.step_dir(ctx.checkpoint_dir, ctx.cfg.steps)
     if ckpt.is_complete(last):
         return str(last)
-    try:
-        return roles.trainer.checkpoint(ctx.cfg.steps, None)
-    except RolledBack as exc:
-        raise RuntimeError(f"the trainer was lost and rolled back while saving step {ctx.cfg.steps}; "
-                           f"`forgeflow resume {ctx.run_id}` redoes the last steps") from exc
+    return roles.trainer.checkpoint(ctx.cfg.steps, None)
 
 
 if __name__ == "__main__":  # `python -m flows.grpo …` is `forgeflow grpo …`: hand over to the command line,

@@ -51,33 +51,44 @@ def score_reference(run_id: str, step: int, groups: list) -> tuple[list, dict]:
 def train_step(run_id: str, step: int, groups: list) -> dict:
     """One optimizer step on the trainer (publishes version step+1); {"resume_from": n} when a recovery rolled
     the trainer back to step n (nothing trained)."""
-    try:
-        return get_run(run_id).roles.trainer.train(step, groups)
-    except RolledBack as back:
-        return {"resume_from": back.step}
+    return answer_rollback(lambda: get_run(run_id).roles.trainer.train(step, groups))
 
 
 @task(name="sync_weights", task_run_name="sync_weights-{version}", timeout_seconds=600, **PHASE)
 def sync_weights(run_id: str, version: int) -> dict:
-    """Every generator loads `version` from the weight store."""
-    return get_run(run_id).roles.generator.sync(version)
+    """Every generator loads `version` from the weight store ({"resume_from": n}: see train_step)."""
+    return answer_rollback(lambda: get_run(run_id).roles.generator.sync(version))
 
 
 @task(name="evaluate", task_run_name="evaluate-{step}", timeout_seconds=1800, **PHASE)
 def evaluate(run_id: str, step: int) -> dict:
-    """Held-out greedy (and sampled) accuracy of the generator's current weights."""
-    return get_run(run_id).roles.generator.evaluate(step)
+    """Held-out greedy (and sampled) accuracy of the generator's current weights ({"resume_from": n}: see
+    train_step)."""
+    return answer_rollback(lambda: get_run(run_id).roles.generator.evaluate(step))
 
 
 @task(name="checkpoint", task_run_name="checkpoint-{step}", timeout_seconds=1800, **PHASE)
 def checkpoint(run_id: str, step: int, inflight: list | None = None) -> dict:
     """Trainer state + HF weights to checkpoints/step-N (infra.checkpoints); `inflight`: the batches of steps N,
     N+1, … sampled ahead. {"path": …}, or {"resume_from": n} when the trainer is no longer at `step`."""
+    ahead = [ReadyBatch(batch) for batch in inflight or []]
+    return answer_rollback(lambda: {"path": get_run(run_id).roles.trainer.checkpoint(step, ahead)})
+
+
+def answer_rollback(call) -> dict:
+    """`call()`, or {"resume_from": n} when it raised RolledBack(n): a recovery restored the trainer to step n,
+    which is the flow's signal (so the task run ends Completed, not Failed)."""
     try:
-        ahead = [ReadyBatch(batch) for batch in inflight or []]
-        return {"path": get_run(run_id).roles.trainer.checkpoint(step, ahead)}
+        return call()
     except RolledBack as back:
         return {"resume_from": back.step}
+
+
+def raise_rollback(answer: dict) -> dict:
+    """A task's answer, or RolledBack (in the flow) when it was {"resume_from": n}."""
+    if "resume_from" in answer:
+        raise RolledBack(answer["resume_from"])
+    return answer
 
 
 # ---- the role interfaces as task calls ----
@@ -125,12 +136,12 @@ class TaskGenerator:
     def sync(self, version: int) -> dict[str, float]:
         self._settle()
         self.calls.count += 1
-        return sync_weights(self.run_id, version)
+        return raise_rollback(sync_weights(self.run_id, version))
 
     def evaluate(self, version: int) -> dict[str, float]:
         self._settle()
         self.calls.count += 1
-        return evaluate(self.run_id, version)
+        return raise_rollback(evaluate(self.run_id, version))
 
 
 @dataclass
@@ -155,18 +166,13 @@ class TaskTrainer:
 
     def train(self, step: int, groups) -> dict[str, float]:
         self.calls.count += 1
-        metrics = train_step(self.run_id, step, quote(groups))
-        if "resume_from" in metrics:
-            raise RolledBack(metrics["resume_from"])
-        return metrics
+        return raise_rollback(train_step(self.run_id, step, quote(groups)))
 
     def checkpoint(self, version: int, ahead: list[PendingBatch]) -> str:
         self.calls.count += 1
         inflight = quote([batch.result() for batch in ahead]) if ahead else None  # sampled ahead
-        saved = checkpoint(self.run_id, version, inflight)
-        if "resume_from" in saved:  # lost while saving: go back now (the next rollout would ask the generators
-            raise RolledBack(saved["resume_from"])  # for a version the restored trainer no longer has)
-        return saved["path"]
+        # lost while saving: RolledBack now (the next rollout would ask for a version the trainer no longer has)
+        return raise_rollback(checkpoint(self.run_id, version, inflight))["path"]
 
 
 def task_roles(run_id: str, checkpoint_dir: Path, with_reference: bool, calls: TaskCalls,

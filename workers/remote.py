@@ -50,6 +50,14 @@ def remote_sync(pool, version: int) -> list[int]:
     return pool.call_all("generator", "load_weights", version)
 
 
+def require_trainer_at(pool, version: int) -> None:
+    """Raise RolledBack when a recovery restored the trainer to a step other than `version` (the caller's work for
+    `version` — training on, syncing or evaluating it — would then be for weights that no longer exist)."""
+    actual = pool.call("trainer", "health")["step"]
+    if actual != version:
+        raise RolledBack(actual)
+
+
 @dataclass
 class RemoteGenerator:
     """GeneratorRole over the pool's generator replicas: `prompts_per_step` problems of `splits.train` per step."""
@@ -97,12 +105,16 @@ class RemoteGenerator:
         return [self.rollout_ahead(step + i) for i in range(count)]
 
     def sync(self, version: int) -> dict[str, float]:
+        """Every replica loads `version`; RolledBack when the trainer is no longer there (a retry after a
+        recovery that restored an older checkpoint: `version` was garbage-collected with the later steps)."""
+        require_trainer_at(self.pool, version)
         t0 = time.perf_counter()
         remote_sync(self.pool, version)
         return {"timing/sync": time.perf_counter() - t0}
 
     def evaluate(self, version: int) -> dict[str, float]:
-        """Held-out greedy (and sampled) accuracy of the generator's current weights."""
+        """Held-out greedy (and sampled) accuracy of the generator's current weights (RolledBack: see sync)."""
+        require_trainer_at(self.pool, version)
         return self.pool.call("generator", "evaluate", self.splits.eval, self.splits.eval_prompts, self.eval_samples)
 
 
@@ -144,16 +156,10 @@ class RemoteTrainer:
     seed: int = 0
     keep: int = 3
 
-    def step(self) -> int:
-        """The trainer's actual step (a recovery may have restored an older checkpoint)."""
-        return self.pool.call("trainer", "health")["step"]
-
     def train(self, step: int, groups: list[Group]) -> dict[str, float]:
         """Advantages + one optimizer step on the trainer worker; it publishes version step+1 when the generators
         sync to it. Raises RolledBack (nothing trained) when a recovery restored the trainer to another step."""
-        actual = self.step()
-        if actual != step:
-            raise RolledBack(actual)
+        require_trainer_at(self.pool, step)
         t0 = time.perf_counter()
         metrics = self.pool.call("trainer", "train_step", groups, step)
         metrics["timing/train"] = time.perf_counter() - t0
@@ -164,8 +170,7 @@ class RemoteTrainer:
         saved with the checkpoint so a resume trains on the same batches. COMPLETE is written last, old checkpoints
         are pruned to `keep`. Raises RolledBack when the trainer is no longer at `version`: older weights are
         never labelled as this step."""
-        if (actual := self.step()) != version:
-            raise RolledBack(actual)
+        require_trainer_at(self.pool, version)
         path = ckpt.step_dir(self.checkpoint_dir, version)
         # state_sha256: equal for equal training states (the file's own bytes are not canonical)
         saved = self.pool.call("trainer", "save_checkpoint", str(path))

@@ -120,6 +120,31 @@ def test_trainer_killed_while_saving_a_checkpoint_rolls_back_at_once(mode, monke
     assert info["superseded_attempts"] == 2  # steps 3 and 4, recorded before the lost checkpoint, were redone
 
 
+def test_node_lost_during_a_weight_sync_rolls_back_at_once(monkeypatch):
+    """The trainer and the generator die together while version 4 is being loaded (CI caught it at random): the
+    recovery restores step 2 and deletes the later versions, so the retried sync must not ask for version 4 but
+    report the rollback, and the flow goes back to step 2."""
+    from tasks import phases
+
+    real, killed = phases.sync_weights, []
+
+    def kill_node_then_sync(run_id, version):
+        if version == 4 and not killed:
+            for role in ("trainer", "generator"):
+                launch = sorted((run_dir(run_id) / "workers").glob(f"{role}-0.*.rendezvous.json"))[-1]
+                pid = read_rendezvous(launch).pid
+                os.kill(pid, signal.SIGKILL)
+                wait_until(lambda pid=pid: not pid_alive(pid), f"the {role} exiting")
+                killed.append(pid)
+        return real(run_id, version)
+    monkeypatch.setattr(phases, "sync_weights", kill_node_then_sync)
+    summary = grpo_flow(overrides=RUN, run_name="kill-node-in-sync")
+    assert len(killed) == 2
+    assert sorted((r["role"], r["trainer_step"]) for r in summary["recoveries"]) == [("generator", 2), ("trainer", 2)]
+    info = assert_records_complete(summary["run_id"], uninterrupted_sha("on-policy"))
+    assert info["superseded_attempts"] == 1  # version 3, recorded before the lost sync of version 4, was redone
+
+
 # generators sync every 3 versions (and at each checkpoint, every 3): versions 1, 2, 4, 5 are never published
 SPACED = {**RUN, "weightsync.sync_every": 3, "max_policy_age": 3, "checkpoint.every": 3, "eval.every": 0}
 
