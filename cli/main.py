@@ -86,7 +86,12 @@ def add_run_commands(sub) -> None:
                          help="metric key (repeatable; default eval/accuracy and reward/mean)")
     compare.add_argument("--out", default=None, help="write the overlaid curves to this PNG")
     compare.add_argument("--json", action="store_true")
-    ui = sub.add_parser("ui", help="start MLflow and Prefect servers on 127.0.0.1 (Ctrl-C stops both)")
+    samples = sub.add_parser("samples", help="a run's sampled prompts and completions with rewards and advantages")
+    samples.add_argument("run_id")
+    samples.add_argument("--step", type=int, default=None, help="an eval step (default: the latest recorded)")
+    samples.add_argument("--json", action="store_true")
+    ui = sub.add_parser("ui", help="MLflow and Prefect UIs on 127.0.0.1 (running servers are reused; Ctrl-C stops "
+                                   "the ones it started)")
     ui.add_argument("--mlflow-port", type=int, default=5000)
     ui.add_argument("--prefect-port", type=int, default=4200)
     resume = sub.add_parser("resume", help="continue a grpo run from its latest complete checkpoint")
@@ -190,13 +195,18 @@ def run_report(args) -> int:
     from cli import reports as R
 
     if args.command == "ui":
-        return R.run_ui(args.mlflow_port, args.prefect_port)
+        from cli.ui import run_ui
+
+        return run_ui(args.mlflow_port, args.prefect_port)
     if args.command == "runs" and args.runs_cmd == "ls":
         data = R.list_runs(args.limit)
         text = R.render_table(data, ["run_id", "name", "recipe", "status", "steps", "loss", "sweep_id", "created_at"])
     elif args.command == "runs":
         data = R.show_run(args.run_id)
         text = R.render_run(data)
+    elif args.command == "samples":
+        data = R.read_samples(args.run_id, args.step)
+        text = R.render_samples(data)
     elif args.command == "lineage":
         data = R.show_lineage(args.ref)
         text = R.render_lineage(data)
@@ -271,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             from cli.server import run_server
 
             return run_server(args.port, args.host, args.auth_file)
-        if args.command in ("runs", "lineage", "compare", "ui"):
+        if args.command in ("runs", "lineage", "compare", "ui", "samples"):
             return run_report(args)
         if args.command in ("grpo", "sft", "eval", "sweep", "resume"):
             signal.signal(signal.SIGINT, note_interrupt)

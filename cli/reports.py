@@ -1,15 +1,9 @@
-"""`forgeflow runs ls|show`, `lineage`, `compare`, `ui`: read the registry (and start the UIs). Each report returns
-plain data (for --json) and has a text rendering."""
+"""`forgeflow runs ls|show`, `lineage`, `compare`, `samples`: read the registry and run directories. Each report
+returns plain data (for --json) and has a text rendering."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 from sqlalchemy import select
 
@@ -71,7 +65,8 @@ def show_lineage(ref: str, url: str | None = None) -> list[dict]:
 
 
 def metric_history(s, run_id: str, key: str) -> list[tuple[int, float]]:
-    its = s.scalars(select(Iteration).where(Iteration.run_id == run_id, Iteration.status == "completed")
+    its = s.scalars(select(Iteration).where(Iteration.run_id == run_id,  # eval: step 0's accuracy
+                                            Iteration.status.in_(("completed", "eval")))
                     .order_by(Iteration.step)).all()
     return [(i.step, i.metrics[key]) for i in its if key in i.metrics]
 
@@ -99,10 +94,42 @@ def compare_runs(run_ids: list[str], metrics: list[str], out: str | None = None,
             curves[label] = [curve_rows[k] for k in sorted(curve_rows)]
     result = {"metrics": metrics, "runs": rows}
     if out:
-        from infra.plots import plot_curves
+        from infra.plots import panels_with_data, plot_curves
 
         result["plot"] = str(plot_curves(curves, out, keys=tuple(metrics), title="forgeflow compare"))
+        result["panels"] = panels_with_data(curves, metrics)
     return result
+
+
+def read_samples(run_id: str, step: int | None = None) -> dict:
+    """The rollout samples a run recorded at `step` (default: its latest): {run_id, step, steps, rows}."""
+    from infra.paths import run_dir
+
+    folder = run_dir(run_id) / "samples"
+    if not run_dir(run_id).is_dir():
+        raise ValueError(f"no run directory for {run_id!r} ({run_dir(run_id)}); `forgeflow runs ls` lists the runs")
+    files = {int(p.stem.split("-")[1]): p for p in folder.glob("step-*.json")} if folder.is_dir() else {}
+    if not files:
+        raise ValueError(f"run {run_id} recorded no samples: they are taken at each eval step and the last step "
+                         "(tracking.sample_prompts > 0, eval.every)")
+    step = max(files) if step is None else step
+    if step not in files:
+        raise ValueError(f"run {run_id} has no samples at step {step}; it has them at steps {sorted(files)}")
+    return {"run_id": run_id, "step": step, "steps": sorted(files), "rows": json.loads(files[step].read_text())}
+
+
+def render_samples(data: dict, width: int = 100) -> str:
+    """Samples as text: each prompt once, then its completions with reward and advantage."""
+    lines = [f"run {data['run_id']}, step {data['step']} (samples at steps {data['steps']})"]
+    prompt = None
+    for r in data["rows"]:
+        if r["prompt"] != prompt:
+            prompt = r["prompt"]
+            lines += ["", f"prompt (target {r['target']!r}):", *("  " + x for x in prompt.splitlines())]
+        text = " ⏎ ".join(r["completion"].splitlines())
+        text = text if len(text) <= width else text[:width - 1] + "…"
+        lines.append(f"  reward {r['reward']:.3f}  adv {r['advantage']:+.3f}  v{r['policy_version']}  {text}")
+    return "\n".join(lines)
 
 
 def render_table(rows: list[dict], columns: list[str]) -> str:
@@ -143,57 +170,6 @@ def render_lineage(chain: list[dict]) -> str:
         f"checkpoint {c['checkpoint']} step {c.get('step')} ({c.get('kind')}) of run {c['run']} [{c['recipe']}], "
         f"config {c['config_hash'][:12]}, dataset {c['dataset']}" if c.get("checkpoint") else
         f"run {c['run']} [{c['recipe']}] (no checkpoint yet)") for i, c in enumerate(chain))
-
-
-def _interrupt(_signum, _frame) -> None:
-    raise KeyboardInterrupt
-
-
-def run_ui(mlflow_port: int = 5000, prefect_port: int = 4200) -> int:
-    """Start an MLflow server and a Prefect server on 127.0.0.1; print URLs; Ctrl-C stops both."""
-    from infra.prefect_env import configure_prefect
-    from infra.tracking import default_tracking_uri
-
-    configure_prefect()
-    # Ctrl-C and `kill` stop both servers instead of orphaning them; SIGINT is installed explicitly because a
-    # process started from a background shell job inherits it ignored
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
-    bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    from infra.paths import forgeflow_home
-
-    logs = forgeflow_home() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    # server output goes to files: a terminal or pipe nobody reads would block them (and their shutdown)
-    procs = [
-        subprocess.Popen([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
-                          "--backend-store-uri", default_tracking_uri(),
-                          "--default-artifact-root", (forgeflow_home() / "mlartifacts").as_uri()],
-                         env=env, start_new_session=True, stdout=open(logs / "mlflow-server.log", "ab"),
-                         stderr=subprocess.STDOUT),
-        subprocess.Popen([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                          str(prefect_port)], env=env, start_new_session=True,
-                         stdout=open(logs / "prefect-server.log", "ab"), stderr=subprocess.STDOUT),
-    ]
-    print(f"MLflow:  http://127.0.0.1:{mlflow_port}\nPrefect: http://127.0.0.1:{prefect_port}  "
-          f"(export PREFECT_API_URL=http://127.0.0.1:{prefect_port}/api)\nlogs in {logs}; Ctrl-C stops both.",
-          flush=True)
-    try:
-        while all(p.poll() is None for p in procs):
-            time.sleep(1)
-        return next(p.returncode for p in procs if p.poll() is not None) or 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
 
 
 def dumps(data) -> str:

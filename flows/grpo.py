@@ -26,6 +26,7 @@ from prefect.states import Crashed
 from forge_core.models import load_tokenizer
 from forge_core.protocols import RolledBack
 from forge_core.recipes.iteration import run_grpo_steps
+from forge_core.recipes.samples import sample_rows, samples_markdown
 from infra import checkpoints as ckpt
 from infra import components as C
 from infra.config import dump_config
@@ -33,7 +34,8 @@ from infra.config_checks import load_config
 from infra.interrupts import interrupted_by
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
-from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS, fail_for_user_error
+from infra.prefect_artifacts import RunArtifacts
+from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS, fail_for_user_error, label_flow_run
 from infra.progress import line_for_step
 from infra.records import RunRecords, dataset_fingerprint
 from tasks.context import RunContext, register_run, unregister_run
@@ -45,17 +47,28 @@ log = logging.getLogger(__name__)
 
 
 class FlowRecorder:
-    """StepRecorder of the flow: the run's records (registry, MLflow, metrics.jsonl) plus a progress line a step."""
+    """StepRecorder of the flow: the run's records (registry, MLflow, metrics.jsonl), a progress line a step, and
+    the flow run's artifacts (progress each step; metrics table and rollout samples at evals and checkpoints)."""
 
-    def __init__(self, records: RunRecords, steps: int) -> None:
-        self.records, self.steps = records, steps
+    def __init__(self, records: RunRecords, artifacts: RunArtifacts) -> None:
+        self.records, self.artifacts, self.cfg = records, artifacts, records.cfg
 
     def step(self, version: int, metrics: dict[str, float]) -> None:
         self.records.step(version, metrics)
-        show_line(line_for_step(version - 1, self.steps, metrics))
+        show_line(line_for_step(version - 1, self.cfg.steps, metrics))
+        self.artifacts.progress(version)
+        if "eval/accuracy" in metrics:
+            self.artifacts.table(self.records.rows())
+
+    def samples(self, version: int, groups) -> None:
+        rows = sample_rows(groups, version, self.cfg.tracking.sample_prompts, self.cfg.advantage.to_dict())
+        if rows:
+            self.records.samples(version, rows)
+            self.artifacts.samples(version, samples_markdown(rows))
 
     def checkpoint(self, version: int, path: str) -> None:
         self.records.checkpoint(version, path)
+        self.artifacts.table(self.records.rows())
 
     def rollback(self, step: int) -> None:
         self.records.rollback(step)
@@ -85,18 +98,28 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
     else:
         dump_config(cfg, out / "config.yaml")
     logger.info("run %s (%s) in %s", run_id, run_name or "unnamed", out)
+    label_flow_run(f"grpo · {cfg.loss.name} · {run_id}", [run_id, cfg.loss.name, *([sweep_id] if sweep_id else [])])
     threads = C.configure_threads(cfg)
+    records = RunRecords(cfg, run_id, out)
+    mlflow_name = run_name or f"{cfg.loss.name} · {run_id}"  # the distinguishing part first: names are cut
     init_path, sft_run = cfg.sft.init, None
     if cfg.sft.steps > 0 and not init_path:
         from flows.sft import sft_flow
 
         sft_dir, sft_run = out / "sft", f"{run_id}-sft"
-        init_path = str(sft_dir) if (sft_dir / "config.json").exists() else \
-            sft_flow(config, overrides, out_dir=str(out), run_id=sft_run, sweep_id=sweep_id)
+        if (sft_dir / "config.json").exists():
+            init_path = str(sft_dir)
+        else:  # the SFT run nests under this run in MLflow, which is therefore opened first
+            records.open_mlflow_run(mlflow_name, parent_mlflow_run_id)
+            try:
+                init_path = sft_flow(config, overrides, out_dir=str(out), run_id=sft_run, sweep_id=sweep_id,
+                                     run_name=f"sft · {mlflow_name}", parent_mlflow_run_id=records.mlflow_run_id)
+            except BaseException:
+                records.end_unstarted("KILLED" if interrupted_by(sys.exc_info()[1]) else "FAILED")
+                raise
     tok = load_tokenizer(init_path or cfg.model.path)  # the weights live in the workers
     splits = C.build_splits(cfg, tok)
-    records = RunRecords(cfg, run_id, out)
-    records.start(run_name, str(flow_run.id) if flow_run.id else None, dataset_fingerprint(splits.train),
+    records.start(mlflow_name, str(flow_run.id) if flow_run.id else None, dataset_fingerprint(splits.train),
                   init_checkpoint=init_path, sweep_id=sweep_id, parent_mlflow_run_id=parent_mlflow_run_id,
                   parent_run_id=sft_run)
     try:
@@ -110,10 +133,16 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             try:
                 start, ckpt = restore_latest(ctx)
                 records.resume_at(start, ckpt)
+                artifacts = RunArtifacts(run_id, cfg.steps)
+                artifacts.links(records.mlflow_url or "(no MLflow run)", str(out))
                 before = roles.generator.evaluate(start)
+                records.eval_point(start, before)
                 logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
                             before["eval/accuracy"], max(pool.startup_s.values()), threads)
-                after, final = run_to_end(ctx, roles, start, FlowRecorder(records, cfg.steps))
+                after, final = run_to_end(ctx, roles, start, FlowRecorder(records, artifacts))
+                records.eval_point(cfg.steps, after)
+                logger.info("held-out accuracy at the end (step %d): %.3f (%+.3f)", cfg.steps,
+                            after["eval/accuracy"], after["eval/accuracy"] - before["eval/accuracy"])
                 records.checkpoint(cfg.steps, final, kind="final")
             finally:
                 unregister_run(run_id)
@@ -155,9 +184,7 @@ def end_crashed(run_id: str, records: RunRecords, lost: BaseException):
 
 
 def show_line(line: str) -> None:
-    """One progress line per step on the terminal (print is captured by Prefect's log_prints) and in the run log."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    """One progress line per step in the flow run's log: the Prefect UI, and the terminal (ConsoleFilter)."""
     get_run_logger().info(line)
 
 

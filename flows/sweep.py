@@ -12,12 +12,15 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 from prefect import flow
+from prefect.runtime import flow_run
 
 from infra.config_checks import load_config
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
+from infra.prefect_env import label_flow_run
 from infra.registry import Sweep, repo, session_scope
 from infra.tracking import Tracker
+from infra.ui_links import flow_run_link_tags
 
 
 def grid_points(grid: dict[str, list]) -> list[dict]:
@@ -35,6 +38,15 @@ def point_name(point: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in point.items())
 
 
+def point_label(point: dict) -> str:
+    """A short name for a grid point, for UI columns: `loss=dapo`, `lr=3e-05,loss=gspo` (a key's last part, or its
+    section for `….name`)."""
+    def short(key: str) -> str:
+        parts = key.split(".")
+        return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]
+    return ",".join(f"{short(k)}={v}" for k, v in point.items())
+
+
 @flow(name="grpo-sweep", persist_result=False)
 def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = None, overrides: dict | None = None,
                max_concurrency: int = 1, use_deployments: bool = False,
@@ -46,15 +58,17 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
     out = forgeflow_home() / "sweeps" / sweep_id
     out.mkdir(parents=True, exist_ok=True)
     base_cfg = load_config(config, overrides)
+    label_flow_run(f"grpo-sweep · {', '.join(grid)} · {sweep_id}", [sweep_id, "sweep"])
     tracker = Tracker(base_cfg.tracking.mlflow_uri, base_cfg.tracking.experiment)
-    parent = tracker.start_run(sweep_id, {"grid": grid, "base_overrides": overrides or {}, "config": config},
-                               {"forgeflow.sweep_id": sweep_id, "forgeflow.recipe": "sweep"})
+    parent = tracker.start_run(f"sweep · {', '.join(grid)} · {sweep_id}", {"grid": grid, "base_overrides": overrides or {}, "config": config},
+                               {"forgeflow.sweep_id": sweep_id, "forgeflow.recipe": "sweep",
+                                "prefect.flow_run_id": flow_run.id, **flow_run_link_tags(flow_run.id)})
     with session_scope(base_cfg.tracking.registry_url) as s:
         repo.create_sweep(s, sweep_id, grid, name=sweep_id).mlflow_run_id = parent
 
     def run_point(point: dict) -> dict:
         merged = {**(overrides or {}), **point}
-        name = f"{sweep_id}/{point_name(point)}"
+        name = f"{point_label(point)} · {sweep_id}"  # the distinguishing part first: UI columns cut names
         if use_deployments:
             from prefect.deployments import run_deployment
 

@@ -92,6 +92,9 @@ class StepRecorder(Protocol):
 
     def step(self, version: int, metrics: dict[str, float]) -> None: ...
 
+    def samples(self, version: int, groups: list[Group]) -> None:
+        """The batch that produced `version`, offered at each eval step and the last one (rewards set)."""
+
     def checkpoint(self, version: int, path: str) -> None: ...
 
     def rollback(self, step: int) -> None: ...

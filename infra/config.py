@@ -193,6 +193,7 @@ class TrackingConfig:
     mlflow_uri: str | None = None
     registry_url: str | None = None
     experiment: str | None = None
+    sample_prompts: int = 4  # prompts (with all their completions) recorded at each eval step; 0: none
 
 
 @dataclass

@@ -60,6 +60,9 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
         raise ValueError(f"{where}: dataset.kind {cfg.dataset.kind!r} needs dataset.path")
     if cfg.group_size < 2:
         raise ValueError(f"{where}: group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
+    if cfg.tracking.sample_prompts < 0:
+        raise ValueError(f"{where}: tracking.sample_prompts must be >= 0 (0: record no samples), got "
+                         f"{cfg.tracking.sample_prompts}")
     if cfg.reward.timeout_s < 0:
         raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
     check_trainer_layout(cfg, where)

@@ -5,9 +5,13 @@ Must run before `prefect` is imported (flows/ and tasks/ call it from their pack
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 
 from infra.paths import forgeflow_home
+
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
 # a flow run rescheduled after crashes (the Automation `forgeflow deploy` creates) stops at this attempt
 MAX_FLOW_RUN_ATTEMPTS = 3
@@ -22,13 +26,24 @@ def configure_prefect() -> None:
         "DO_NOT_TRACK": "1",
         # the embedded (ephemeral) API starts a server in a subprocess: give a busy 2-core machine time
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
+        # INFO reaches the Prefect UI (step lines, SFT progress); the terminal drops Prefect's own INFO chatter
+        "PREFECT_LOGGING_LEVEL": "INFO",
+        "PREFECT_LOGGING_SETTINGS_PATH": str(Path(__file__).with_name("prefect_logging.yml")),
         "PREFECT_TASKS_REFRESH_CACHE": "false",
         "OMP_WAIT_POLICY": "PASSIVE",
         "TOKENIZERS_PARALLELISM": "false",
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+
+
+class ConsoleFilter(logging.Filter):
+    """Terminal lines (prefect_logging.yml's console handler): every warning and error, and INFO only from
+    forgeflow's code — not Prefect's per-task-run state lines, which the UI shows anyway."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return (record.levelno >= logging.WARNING or not record.name.startswith("prefect")
+                or (record.pathname.startswith(REPO_ROOT) and "site-packages" not in record.pathname))
 
 
 def read_task_runs(client, flow_run_id: str) -> list:
@@ -70,3 +85,16 @@ def fail_for_user_error(exc: ValueError):
 
     get_run_logger().error("%s", exc)
     return Failed(message=str(exc)[:4000])
+
+
+def label_flow_run(name: str, tags: list[str]) -> None:
+    """Rename the current flow run (Prefect would call it e.g. vermilion-sidewinder) and add `tags`, so a sweep's
+    children are told apart in the UI's lists."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return
+    with get_client(sync_client=True) as client:
+        current = client.read_flow_run(flow_run.id).tags
+        client.update_flow_run(flow_run.id, name=name, tags=list(dict.fromkeys([*current, *tags])))

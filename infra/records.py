@@ -20,8 +20,12 @@ from infra.checkpoints import HF_DIR, STATE, file_sha256, read_marker
 from infra.config import RunConfig, config_to_dict, redact_secrets
 from infra.registry import repo, session_scope
 from infra.tracking import Tracker
+from infra.ui_links import flow_run_link_tags, mlflow_run_url
 
 log = logging.getLogger(__name__)
+
+SFT_METRICS = ("loss", "lr", "grad_norm")
+SAMPLES_TABLE = "rollout_samples.json"  # MLflow table artifact of sampled completions (all eval steps)
 
 
 def code_version() -> str:
@@ -36,6 +40,14 @@ def code_version() -> str:
         return sha.stdout.strip()[:12] + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def save_json_atomically(data, path: Path) -> None:
+    """JSON to `path` through a temporary file and a rename (a crash leaves the old file or the new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
 
 
 def dataset_fingerprint(problems) -> str:
@@ -82,14 +94,44 @@ class RunRecords:
                 tags = {"forgeflow.run_id": self.run_id, "forgeflow.recipe": self.recipe,
                         "forgeflow.code_version": code_version(), "prefect.flow_run_id": flow_run_id,
                         "forgeflow.sweep_id": sweep_id, "forgeflow.dataset": dataset,
-                        "forgeflow.loss": self.cfg.loss.name}
-                self.mlflow_run_id = self.tracker.start_run(name or self.run_id, config, tags, parent_mlflow_run_id)
+                        "forgeflow.loss": self.cfg.loss.name, **flow_run_link_tags(flow_run_id)}
+                if self.mlflow_run_id is None:
+                    self.mlflow_run_id = self.tracker.start_run(name or self.run_id, config, tags,
+                                                                parent_mlflow_run_id)
+                else:  # opened earlier (open_mlflow_run) so that the SFT warm-up could nest under it
+                    self.tracker.log_params(self.mlflow_run_id, config)
+                    self.tracker.set_tags(self.mlflow_run_id, {k: v for k, v in tags.items() if v is not None})
                 repo.create_run(s, self.run_id, self.recipe, config, name, code_version=tags["forgeflow.code_version"],
                                 dataset_fingerprint=dataset, prefect_flow_run_id=flow_run_id,
                                 mlflow_run_id=self.mlflow_run_id, sweep_id=sweep_id, parent_run_id=parent_run_id,
                                 init_checkpoint_id=init.id if init else None)
         if existing is not None and self.mlflow_run_id:
             self.tracker.client.update_run(self.mlflow_run_id, status="RUNNING")
+            if flow_run_id:  # a resume runs in another flow run: link that one
+                self.tracker.set_tags(self.mlflow_run_id, {"prefect.flow_run_id": flow_run_id,
+                                                           **flow_run_link_tags(flow_run_id)})
+
+    def open_mlflow_run(self, name: str, parent_mlflow_run_id: str | None = None) -> str:
+        """Create this run's MLflow run before `start` (which fills in its params and tags), so that runs made
+        first — the SFT warm-up — can nest under it."""
+        if self.mlflow_run_id is None:
+            self.mlflow_run_id = self.tracker.start_run(name, None, {"forgeflow.run_id": self.run_id},
+                                                        parent_mlflow_run_id)
+        return self.mlflow_run_id
+
+    def end_unstarted(self, status: str) -> None:
+        """End the MLflow run opened by `open_mlflow_run` when the run stops before `start` (its SFT failed): a
+        resume opens a new one, and this one must not stay RUNNING."""
+        if self.mlflow_run_id is not None:
+            self.tracker.end_run(self.mlflow_run_id, status)
+            self.mlflow_run_id = None
+
+    @property
+    def mlflow_url(self) -> str | None:
+        """This run's page in the MLflow UI."""
+        if self.mlflow_run_id is None:
+            return None
+        return mlflow_run_url(self.tracker.uri, self.tracker.experiment_id, self.mlflow_run_id)
 
     def finish(self, status: str, summary: dict | None = None, message: str | None = None) -> None:
         """Mark the run completed | failed | interrupted, close MLflow, attach artifacts."""
@@ -146,6 +188,31 @@ class RunRecords:
                 self.tracker.log_step(self.mlflow_run_id, step, metrics)
                 self.mlflow_sent = max(self.mlflow_sent, step)
         self.pending.clear()
+
+    def eval_point(self, step: int, metrics: dict) -> None:
+        """Evaluation of the weights at `step` outside the schedule's evals (the initial and the final weights):
+        into the registry, and to MLflow unless it already has `eval/accuracy` at that step (a resume)."""
+        evals = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+        with session_scope(self.registry_url) as s:
+            repo.record_eval(s, self.run_id, step, evals)
+        if self.mlflow_run_id and step not in {k for k, _ in self.tracker.history(self.mlflow_run_id,
+                                                                                    "eval/accuracy")}:
+            self.tracker.log_step(self.mlflow_run_id, step, evals)
+
+    def samples(self, step: int, rows: list[dict]) -> Path:
+        """Sampled completions of step `step` (forge_core.recipes.samples rows): samples/step-N.json in the run
+        directory (rewritten when the step is redone) and appended to MLflow's rollout_samples.json table once."""
+        path = self.out / "samples" / f"step-{step:06d}.json"
+        save_json_atomically(rows, path)
+        if self.mlflow_run_id and step > self.mlflow_through:  # a redone step is in MLflow already
+            self.tracker.log_table(self.mlflow_run_id, rows, SAMPLES_TABLE)
+        return path
+
+    def sft_step(self, step: int, metrics: dict) -> None:
+        """One SFT step's loss, lr and gradient norm to MLflow as sft/* (step 1-based)."""
+        if self.mlflow_run_id:
+            self.tracker.log_step(self.mlflow_run_id, step, {f"sft/{k}": metrics[k] for k in SFT_METRICS
+                                                             if k in metrics})
 
     def rollback(self, step: int) -> None:
         """Steps after `step` will be redone: supersede them everywhere. MLflow cannot retract points, so it keeps

@@ -3,6 +3,7 @@ progress bar; the in-process main job and the `sft_train` task both call it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -14,23 +15,26 @@ from forge_core.training import Trainer
 from infra import components as C
 from infra.config import RunConfig
 
+StepReport = Callable[[int, dict], None]
 
-def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool) -> Path:
+
+def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool, report: StepReport | None = None) -> Path:
     """Run cfg.sft.steps of SFT here with a progress bar; save the HF checkpoint to out/sft."""
     trained = model
     if cfg.trainer.backend == "titan":  # one process: torchtitan's definition of the same weights
         from forge_core.models.titan import titan_from_hf
 
         trained = titan_from_hf(model)
-    run_sft_steps(cfg, Trainer(trained, get_loss("sft"), C.sft_settings(cfg), tok.pad_token_id), tok, splits, show)
+    run_sft_steps(cfg, Trainer(trained, get_loss("sft"), C.sft_settings(cfg), tok.pad_token_id), tok, splits, show,
+                  report)
     if trained is not model:
         model.load_state_dict(trained.to_hf_state_dict())  # the HF model goes on to generate and to disk
     return save_model_and_tokenizer(model, tok, out / "sft")
 
 
-def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool) -> None:
+def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool, report: StepReport | None = None) -> None:
     """cfg.sft.steps SFT steps of `trainer` (a Trainer, or the trainer worker behind the same interface) on the
-    training split's answers, with a progress bar."""
+    training split's answers, with a progress bar; `report(step, metrics)` after each (step 0-based)."""
     # RL with verifiable rewards as used in practice: SFT on a small labelled subset, RL on every prompt
     n = cfg.sft.examples or len(splits.train)
     examples = make_sft_examples(splits.train[:n], splits.train_prompts[:n], tok, cfg.sft.response)
@@ -39,6 +43,8 @@ def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool) -> None:
     def on_step(step, metrics):
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+        if report is not None:
+            report(step, metrics)
 
     run_sft(trainer, examples, cfg.sft.steps, cfg.sft.batch_size, cfg.seed, tok.pad_token_id, on_step)
     bar.close()

@@ -25,49 +25,59 @@ from infra import checkpoints as ckpt
 from tasks.context import get_run
 from tasks.recovery import retry_on_worker_lost
 
+# No Prefect timeout_seconds: it cannot interrupt a blocking worker call from the threads sweeps and pipelined
+# rollouts run tasks in (Prefect warns on every such task run); workers.call_timeout_s bounds each call instead.
 PHASE = dict(cache_policy=NONE, persist_result=False, retries=2, retry_delay_seconds=0,
              retry_condition_fn=retry_on_worker_lost)
 
 
-@task(name="rollout", task_run_name="rollout-{step}", timeout_seconds=1800, **PHASE)
+def named_after_version(phase: str):
+    """Task-run name of a phase of step s (0-based): `phase-(s+1)`, the version the step produces — the number
+    the progress line ("step 3/10"), MLflow and the sync/evaluate/checkpoint task runs of that step show."""
+    def name(parameters: dict) -> str:
+        return f"{phase}-{parameters['step'] + 1}"
+    return name
+
+
+@task(name="rollout", task_run_name=named_after_version("rollout"), **PHASE)
 def rollout(run_id: str, step: int) -> tuple[list, dict]:
     """Sample group_size completions for the step's prompts on the generator replicas; (groups, rollout/* metrics)."""
     return get_run(run_id).roles.generator.rollout(step)
 
 
-@task(name="score_rewards", task_run_name="score_rewards-{step}", timeout_seconds=600, **PHASE)
+@task(name="score_rewards", task_run_name=named_after_version("score_rewards"), **PHASE)
 def score_rewards(run_id: str, step: int, groups: list) -> tuple[list, dict]:
     """Rewards from a reward worker written onto the episodes; (groups, reward/* metrics)."""
     return get_run(run_id).roles.reward.score(step, groups)
 
 
-@task(name="score_reference", task_run_name="score_reference-{step}", timeout_seconds=900, **PHASE)
+@task(name="score_reference", task_run_name=named_after_version("score_reference"), **PHASE)
 def score_reference(run_id: str, step: int, groups: list) -> tuple[list, dict]:
     """Reference-model logprobs for the KL term (only scheduled when loss.beta > 0)."""
     return get_run(run_id).roles.reference.score(step, groups)
 
 
-@task(name="train_step", task_run_name="train_step-{step}", timeout_seconds=1800, **PHASE)
+@task(name="train_step", task_run_name=named_after_version("train_step"), **PHASE)
 def train_step(run_id: str, step: int, groups: list) -> dict:
     """One optimizer step on the trainer (publishes version step+1); {"resume_from": n} when a recovery rolled
     the trainer back to step n (nothing trained)."""
     return answer_rollback(lambda: get_run(run_id).roles.trainer.train(step, groups))
 
 
-@task(name="sync_weights", task_run_name="sync_weights-{version}", timeout_seconds=600, **PHASE)
+@task(name="sync_weights", task_run_name="sync_weights-{version}", **PHASE)
 def sync_weights(run_id: str, version: int) -> dict:
     """Every generator loads `version` from the weight store ({"resume_from": n}: see train_step)."""
     return answer_rollback(lambda: get_run(run_id).roles.generator.sync(version))
 
 
-@task(name="evaluate", task_run_name="evaluate-{step}", timeout_seconds=1800, **PHASE)
+@task(name="evaluate", task_run_name="evaluate-{step}", **PHASE)
 def evaluate(run_id: str, step: int) -> dict:
     """Held-out greedy (and sampled) accuracy of the generator's current weights ({"resume_from": n}: see
     train_step)."""
     return answer_rollback(lambda: get_run(run_id).roles.generator.evaluate(step))
 
 
-@task(name="checkpoint", task_run_name="checkpoint-{step}", timeout_seconds=1800, **PHASE)
+@task(name="checkpoint", task_run_name="checkpoint-{step}", **PHASE)
 def checkpoint(run_id: str, step: int, inflight: list | None = None) -> dict:
     """Trainer state + HF weights to checkpoints/step-N (infra.checkpoints); `inflight`: the batches of steps N,
     N+1, … sampled ahead. {"path": …}, or {"resume_from": n} when the trainer is no longer at `step`."""

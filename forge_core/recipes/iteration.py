@@ -44,6 +44,7 @@ def run_iteration(roles: Roles, schedule: Schedule, step: int, ahead: list[Pendi
                                                         generator.sync(v+1)  when schedule.syncs_at(v+1)
                                                         generator.evaluate   when schedule.evaluates_at(v+1)
                                    recorder.step(v+1) ─▶ trainer.checkpoint  when schedule.checkpoints_at(v+1)
+                                   recorder.samples(v+1, groups)  at evals and the last step
 
     L = schedule.lookahead. A batch older than max_policy_age versions is dropped and sampled again (counted).
     The step is recorded before its checkpoint: a crash after the checkpoint's COMPLETE marker resumes after this
@@ -68,6 +69,8 @@ def run_iteration(roles: Roles, schedule: Schedule, step: int, ahead: list[Pendi
         metrics.update(roles.generator.evaluate(version))
     metrics["timing/step"] = time.perf_counter() - t0
     recorder.step(version, metrics)
+    if schedule.evaluates_at(version) or version == schedule.steps:
+        recorder.samples(version, groups)
     if schedule.checkpoints_at(version):
         recorder.checkpoint(version, roles.trainer.checkpoint(version, queue))
     return queue

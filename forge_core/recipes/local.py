@@ -146,6 +146,9 @@ class HistoryRecorder:
         if self.on_step:
             self.on_step(version - 1, metrics)
 
+    def samples(self, version: int, groups: list[Group]) -> None:
+        return None  # the in-process loop shows its progress line only
+
     def checkpoint(self, version: int, path: str) -> None:
         return None
 

@@ -67,7 +67,7 @@ class Iteration(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
     step: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
-    status: Mapped[str] = mapped_column(String(20), default="completed")  # completed | superseded
+    status: Mapped[str] = mapped_column(String(20), default="completed")  # completed | superseded | eval (step 0)
     policy_version: Mapped[int | None] = mapped_column(Integer)
     metrics: Mapped[dict] = mapped_column(JSON, default=dict)
     timings: Mapped[dict] = mapped_column(JSON, default=dict)

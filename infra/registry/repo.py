@@ -72,6 +72,20 @@ def record_iteration(s: Session, run_id: str, step: int, metrics: dict, policy_v
     return it
 
 
+def record_eval(s: Session, run_id: str, step: int, metrics: dict) -> None:
+    """Evaluation metrics of the weights at `step`: merged into that step's completed iteration, or (the initial
+    weights, step 0) kept in a row of status 'eval' that step counts and rollbacks ignore."""
+    rows = s.scalars(select(Iteration).where(Iteration.run_id == run_id, Iteration.step == step,
+                                             Iteration.status.in_(("completed", "eval")))).all()
+    if rows:
+        for it in rows:
+            it.metrics = {**it.metrics, **metrics}  # a new dict: JSON columns track assignment, not mutation
+    else:
+        s.add(Iteration(run_id=run_id, step=step, attempt=0, status="eval", policy_version=step, metrics=metrics,
+                        timings={}))
+    s.flush()
+
+
 def supersede_after(s: Session, run_id: str, step: int) -> int:
     """Mark completed iterations after `step` superseded (the run rolled back to `step`); returns how many."""
     result = s.execute(update(Iteration).where(Iteration.run_id == run_id, Iteration.step > step,

@@ -10,6 +10,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 MAX_PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch call
+# MLflow 3 opens an experiment without this tag on its GenAI overview; training runs belong in the runs table
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 
 def default_tracking_uri() -> str:
@@ -59,9 +61,12 @@ class Tracker:
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
             artifacts = None if self.uri.startswith("http") else (forgeflow_home() / "mlartifacts").as_uri()
-            self.experiment_id = self.client.create_experiment(name, artifact_location=artifacts)
+            self.experiment_id = self.client.create_experiment(name, artifact_location=artifacts,
+                                                               tags={EXPERIMENT_KIND: MODEL_TRAINING})
         else:
             self.experiment_id = exp.experiment_id
+            if exp.tags.get(EXPERIMENT_KIND) is None:  # made before forgeflow set it
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
 
     def start_run(self, run_name: str, params: dict | None = None, tags: dict | None = None,
                   parent_run_id: str | None = None) -> str:
@@ -101,6 +106,11 @@ class Tracker:
             self.client.log_artifacts(run_id, str(path), artifact_path)
         elif path.exists():
             self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def log_table(self, run_id: str, rows: list[dict], artifact_file: str) -> None:
+        """Rows (dicts with the same keys) appended to a table artifact (MLflow's artifact and evaluation views)."""
+        if rows:
+            self.client.log_table(run_id, {k: [r[k] for r in rows] for k in rows[0]}, artifact_file)
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         """status: FINISHED | FAILED | KILLED."""

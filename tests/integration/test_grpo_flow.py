@@ -1,14 +1,24 @@
-"""The grpo flow on the embedded Prefect API with real local workers: every phase task of every iteration recorded.
-(Crashes and resumes: test_faults.py.)"""
+"""The grpo flow on the embedded Prefect API with real local workers: every phase task of every iteration recorded,
+named with the step numbers the log and MLflow use; what a researcher looks at (flow-run name, artifacts, eval
+points, samples, SFT curves nested under the run). (Crashes and resumes: test_faults.py.)"""
+
+import json
+from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
+from cli.main import main as forgeflow
+from cli.reports import compare_runs, read_samples, show_run
 from flows.grpo import grpo_flow
 from infra.paths import run_dir
 from infra.prefect_env import read_task_runs, wait_for_task_runs
+from infra.records import SAMPLES_TABLE
+from infra.tracking import default_tracking_uri
 from tests.integration.fault_helpers import TINY, steps_recorded
 
 pytestmark = pytest.mark.integration
+
 
 def task_names(flow_run_id: str) -> dict[str, str]:
     from prefect.client.orchestration import get_client
@@ -17,15 +27,83 @@ def task_names(flow_run_id: str) -> dict[str, str]:
         return {r.name: r.state.type.value for r in read_task_runs(client, flow_run_id)}
 
 
-def test_every_phase_task_of_every_iteration_is_recorded():
-    summary = grpo_flow(overrides={**TINY, "steps": 3}, run_name="flow-records")
+def flow_run_view(flow_run_id: str) -> tuple[str, list[str], dict[str, object]]:
+    """(name, tags, {artifact key: its latest data}) of a flow run, as the Prefect UI shows them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    latest = {}
+    for a in sorted(artifacts, key=lambda a: a.created):
+        latest[a.key] = a.data
+    return run.name, run.tags, latest
+
+
+def test_every_phase_task_of_every_iteration_is_recorded(capsys):
+    summary = grpo_flow(overrides={**TINY, "steps": 3, "tracking.sample_prompts": 2}, run_name="flow-records")
+    run_id = summary["run_id"]
     assert wait_for_task_runs(summary["flow_run_id"], summary["task_calls"]) >= summary["task_calls"]
     names = task_names(summary["flow_run_id"])
-    for step in range(3):
-        for phase in ("rollout", "score_rewards", "train_step"):
-            assert names.get(f"{phase}-{step}") == "COMPLETED", (phase, step, sorted(names))
-        assert names.get(f"sync_weights-{step + 1}") == "COMPLETED"
-    assert "score_reference-0" not in names  # beta = 0: no reference phase
+    for version in (1, 2, 3):  # step 1/3 of the log is rollout-1 … sync_weights-1, MLflow step 1
+        for phase in ("rollout", "score_rewards", "train_step", "sync_weights"):
+            assert names.get(f"{phase}-{version}") == "COMPLETED", (phase, version, sorted(names))
+    assert "rollout-0" not in names and "score_reference-1" not in names  # beta = 0: no reference phase
     assert names.get("checkpoint-2") == "COMPLETED" and names.get("evaluate-2") == "COMPLETED"
-    assert steps_recorded(summary["run_id"]) == [1, 2, 3]
-    assert (run_dir(summary["run_id"]) / "curves.png").stat().st_size > 0
+    assert names.get("evaluate-0") == "COMPLETED" and names.get("evaluate-3") == "COMPLETED"  # before and after
+    assert steps_recorded(run_id) == [1, 2, 3]
+    assert (run_dir(run_id) / "curves.png").stat().st_size > 0
+
+    # the Prefect flow run: named after the run, tagged, with progress, metrics, samples and links
+    name, tags, artifacts = flow_run_view(summary["flow_run_id"])
+    assert name == f"grpo · grpo · {run_id}" and run_id in tags and "grpo" in tags
+    keys = {k.rsplit("-", 1)[-1]: k for k in artifacts if k}
+    assert set(keys) >= {"progress", "metrics", "samples", "links"}, sorted(artifacts)
+    assert artifacts[keys["progress"]] == 100.0
+    table = artifacts[keys["metrics"]]
+    table = json.loads(table) if isinstance(table, str) else table
+    assert [row["step"] for row in table] == [1, 2]  # written at the eval/checkpoint of step 2
+    assert isinstance(table[1]["accuracy"], float) and isinstance(table[0]["reward"], float)
+    assert "Rollout samples, step 3" in artifacts[keys["samples"]] and "| reward | advantage |" in \
+        artifacts[keys["samples"]]
+    assert summary["mlflow_run_id"] in artifacts[keys["links"]]
+
+    # eval/accuracy at step 0, at the eval of step 2 and at the end, in MLflow and in the registry
+    client = MlflowClient(default_tracking_uri())
+    accuracy = client.get_metric_history(summary["mlflow_run_id"], "eval/accuracy")
+    assert sorted(m.step for m in accuracy) == [0, 2, 3]
+    assert {m.step: m.value for m in accuracy}[0] == summary["acc_before"]
+    compared = compare_runs([run_id], ["eval/accuracy"])["runs"][0]
+    assert compared["eval/accuracy points"] == 3 and compared["eval/accuracy final"] == summary["acc_after"]
+    assert show_run(run_id)["steps_completed"] == 3  # the step-0 evaluation is not a step
+
+    # samples: 2 prompts × group_size 4 at the eval step 2 and the last step 3, on disk, in MLflow, on the CLI
+    samples = read_samples(run_id)
+    assert samples["steps"] == [2, 3] and samples["step"] == 3 and len(samples["rows"]) == 2 * TINY["group_size"]
+    row = samples["rows"][0]
+    assert set(row) >= {"prompt", "completion", "reward", "advantage", "policy_version"}
+    group = [r["advantage"] for r in samples["rows"] if r["prompt"] == row["prompt"]]
+    assert abs(sum(group)) < 1e-6  # group-relative advantages recomputed from the rewards
+    table = json.loads(Path(client.download_artifacts(summary["mlflow_run_id"], SAMPLES_TABLE)).read_text())
+    assert sorted(set(r[0] for r in table["data"])) == [2, 3]  # column 0: step
+    capsys.readouterr()
+    assert forgeflow(["samples", run_id, "--step", "2"]) == 0
+    assert f"run {run_id}, step 2" in capsys.readouterr().out
+    assert forgeflow(["samples", run_id, "--step", "1"]) == 2
+    assert "has them at steps [2, 3]" in capsys.readouterr().err
+
+
+def test_the_sft_warm_up_is_nested_under_its_run_with_curves():
+    summary = grpo_flow(overrides={**TINY, "steps": 1, "sft.steps": 6, "eval.every": 0, "checkpoint.every": 0},
+                        run_name="sft-nested")
+    client = MlflowClient(default_tracking_uri())
+    info = show_run(summary["run_id"])
+    sft = show_run(info["parent_run_id"])
+    sft_mlflow = client.get_run(sft["mlflow_run_id"])
+    assert sft_mlflow.data.tags["mlflow.parentRunId"] == summary["mlflow_run_id"]
+    assert sft_mlflow.info.run_name == "sft · sft-nested" and sft_mlflow.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(sft["mlflow_run_id"], "sft/loss")] == [1, 2, 3, 4, 5, 6]
+    assert len(client.get_metric_history(sft["mlflow_run_id"], "sft/lr")) == 6
+    assert client.get_run(summary["mlflow_run_id"]).info.run_name == "sft-nested"

@@ -93,6 +93,9 @@ class FakeRecorder:
         self.log.append(f"record {version}")
         self.steps.append(version)
 
+    def samples(self, version, groups):
+        self.log.append(f"samples {version}")
+
     def checkpoint(self, version, path):
         self.log.append(f"registered {path}")
 
@@ -120,7 +123,7 @@ def test_one_on_policy_iteration_in_order():
                           FakeRecorder(log))
     assert ahead == []
     assert log == ["rollout 1", "reward 1", "reference 1", "train 1", "sync 2", "evaluate 2", "record 2",
-                   "checkpoint 2", "registered step-2"]
+                   "samples 2", "checkpoint 2", "registered step-2"]  # samples: at each eval and the last step
 
 
 def test_the_schedule_spaces_syncs_evals_and_checkpoints():

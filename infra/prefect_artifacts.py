@@ -1,0 +1,78 @@
+"""What a run shows on its Prefect flow-run page (Artifacts tab): progress, a table of per-step metrics, sampled
+completions, and links to MLflow. Called from inside a flow run (artifacts attach to it); keyed per run, so the
+Artifacts page keeps each one's history.
+
+A long run makes thousands of task runs; these artifacts are the page's summary.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+# (column, metric key) of the metrics table; a key a run does not log is left blank
+TABLE_COLUMNS = (("step", "step"), ("reward", "reward/mean"), ("accuracy", "eval/accuracy"), ("loss", "loss/loss"),
+                 ("kl", "loss/kl_mean"), ("clip high", "loss/clip_frac_high"), ("clip low", "loss/clip_frac_low"),
+                 ("staleness", "rollout/policy_staleness"), ("seconds", "timing/step"))
+
+
+def artifact_key(run_id: str, kind: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits and dashes) for one kind of artifact of a run."""
+    raw = f"forgeflow-{run_id}-{kind}".lower()
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in raw)
+
+
+def metrics_table(rows: list[dict]) -> list[dict]:
+    """Step rows (metric dicts with 'step') as table rows with the TABLE_COLUMNS, numbers rounded for reading."""
+    def cell(v):
+        if isinstance(v, float):
+            return round(v, 4)
+        return "" if v is None else v
+
+    return [{name: cell(r.get(key)) for name, key in TABLE_COLUMNS} for r in rows]
+
+
+class RunArtifacts:
+    """The artifacts of one run's flow run; `progress` each step, `table` and `samples` at evals/checkpoints."""
+
+    def __init__(self, run_id: str, steps: int) -> None:
+        self.run_id, self.steps = run_id, steps
+        self.progress_id = None
+
+    def progress(self, done: int) -> None:
+        """Steps done of the run, as a progress bar."""
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        percent = 100.0 * done / max(1, self.steps)
+        description = f"step {done}/{self.steps}"
+        if self.progress_id is None:
+            self.progress_id = create_progress_artifact(percent, key=artifact_key(self.run_id, "progress"),
+                                                        description=description)
+        else:
+            update_progress_artifact(self.progress_id, percent, description=description)
+
+    def table(self, rows: list[dict]) -> None:
+        """Per-step metrics so far (reward, accuracy, loss, KL, clip fractions, staleness, seconds)."""
+        from prefect.artifacts import create_table_artifact
+
+        create_table_artifact(metrics_table(rows), key=artifact_key(self.run_id, "metrics"),
+                              description=f"run {self.run_id}: per-step metrics through step "
+                                          f"{rows[-1]['step'] if rows else 0}")
+
+    def samples(self, step: int, markdown: str) -> None:
+        """Sampled prompts and completions (with rewards and advantages) of step `step`'s batch."""
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(f"### Rollout samples, step {step}\n\n{markdown}",
+                                 key=artifact_key(self.run_id, "samples"),
+                                 description=f"run {self.run_id}: sampled completions at step {step}")
+
+    def links(self, mlflow_url: str, run_dir: str) -> None:
+        """Where the run's MLflow page and files are."""
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(f"**MLflow run:** [{mlflow_url}]({mlflow_url})\n\n**Run directory:** `{run_dir}`"
+                                 f"\n\n`forgeflow runs show {self.run_id}` · `forgeflow samples {self.run_id}`",
+                                 key=artifact_key(self.run_id, "links"),
+                                 description=f"run {self.run_id} in MLflow and on disk")
