@@ -23,9 +23,11 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/forgeflow grpo --config configs/grpo_math_tiny.yaml --run-name make-run
 
-# services the integration tests use (as root: installs slurm-wlm + munge with apt and starts a one-node cluster)
+# services the integration tests use (as root: installs slurm-wlm + munge with apt and starts a one-node cluster;
+# installs Debian's chromium for the browser tests of the UIs)
 services:
 	@if [ "$$(id -u)" = 0 ]; then infra/slurm/setup_cluster.sh; else echo "not root: Slurm tests will fail"; fi
+	@infra/setup_browser.sh || echo "no chromium: the browser tests will fail"
 
 test: $(STAMP) services
 	$(PY) -m ruff check .

@@ -52,13 +52,21 @@ class FlowRecorder:
 
     def __init__(self, records: RunRecords, artifacts: RunArtifacts) -> None:
         self.records, self.artifacts, self.cfg = records, artifacts, records.cfg
+        self.tabled = -1  # the last step the metrics table artifact shows
 
     def step(self, version: int, metrics: dict[str, float]) -> None:
         self.records.step(version, metrics)
         show_line(line_for_step(version - 1, self.cfg.steps, metrics))
         self.artifacts.progress(version)
         if "eval/accuracy" in metrics:
-            self.artifacts.table(self.records.rows())
+            self.table()
+
+    def table(self) -> None:
+        """The metrics table artifact, when it would show a step it does not show yet."""
+        rows = self.records.rows()
+        if rows and rows[-1]["step"] != self.tabled:
+            self.artifacts.table(rows)
+            self.tabled = rows[-1]["step"]
 
     def samples(self, version: int, groups) -> None:
         rows = sample_rows(groups, version, self.cfg.tracking.sample_prompts, self.cfg.advantage.to_dict())
@@ -68,7 +76,7 @@ class FlowRecorder:
 
     def checkpoint(self, version: int, path: str) -> None:
         self.records.checkpoint(version, path)
-        self.artifacts.table(self.records.rows())
+        self.table()
 
     def rollback(self, step: int) -> None:
         self.records.rollback(step)
@@ -139,7 +147,9 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
                 records.eval_point(start, before)
                 logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
                             before["eval/accuracy"], max(pool.startup_s.values()), threads)
-                after, final = run_to_end(ctx, roles, start, FlowRecorder(records, artifacts))
+                recorder = FlowRecorder(records, artifacts)
+                after, final = run_to_end(ctx, roles, start, recorder)
+                recorder.table()
                 records.eval_point(cfg.steps, after)
                 logger.info("held-out accuracy at the end (step %d): %.3f (%+.3f)", cfg.steps,
                             after["eval/accuracy"], after["eval/accuracy"] - before["eval/accuracy"])

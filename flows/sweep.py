@@ -38,13 +38,20 @@ def point_name(point: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in point.items())
 
 
+def short_key(key: str) -> str:
+    """A config key as UI columns show it: its last part, or its section for `….name` (`loss.name` → `loss`)."""
+    parts = key.split(".")
+    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]
+
+
 def point_label(point: dict) -> str:
-    """A short name for a grid point, for UI columns: `loss=dapo`, `lr=3e-05,loss=gspo` (a key's last part, or its
-    section for `….name`)."""
-    def short(key: str) -> str:
-        parts = key.split(".")
-        return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]
-    return ",".join(f"{short(k)}={v}" for k, v in point.items())
+    """A short name for a grid point, for UI columns: `loss=dapo`, `lr=3e-05,loss=gspo`."""
+    return ",".join(f"{short_key(k)}={v}" for k, v in point.items())
+
+
+def grid_label(grid: dict) -> str:
+    """A short name for a whole grid: `loss: dapo|gspo`, `lr: 1e-05|3e-05 × loss: dapo|gspo`."""
+    return " × ".join(f"{short_key(k)}: {'|'.join(map(str, v))}" for k, v in grid.items())
 
 
 @flow(name="grpo-sweep", persist_result=False)
@@ -58,9 +65,10 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
     out = forgeflow_home() / "sweeps" / sweep_id
     out.mkdir(parents=True, exist_ok=True)
     base_cfg = load_config(config, overrides)
-    label_flow_run(f"grpo-sweep · {', '.join(grid)} · {sweep_id}", [sweep_id, "sweep"])
+    label = grid_label(grid)
+    label_flow_run(f"grpo-sweep · {label} · {sweep_id}", [sweep_id, "sweep"])
     tracker = Tracker(base_cfg.tracking.mlflow_uri, base_cfg.tracking.experiment)
-    parent = tracker.start_run(f"sweep · {', '.join(grid)} · {sweep_id}", {"grid": grid, "base_overrides": overrides or {}, "config": config},
+    parent = tracker.start_run(f"{label} · {sweep_id}", {"grid": grid, "base_overrides": overrides or {}, "config": config},
                                {"forgeflow.sweep_id": sweep_id, "forgeflow.recipe": "sweep",
                                 "prefect.flow_run_id": flow_run.id, **flow_run_link_tags(flow_run.id)})
     with session_scope(base_cfg.tracking.registry_url) as s:

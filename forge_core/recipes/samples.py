@@ -39,7 +39,8 @@ def samples_markdown(rows: list[dict], max_chars: int = 400) -> str:
     for r in rows:
         if r["prompt"] != prompt:
             prompt = r["prompt"]
-            lines += ["", f"**Prompt** (target `{r['target']}`):", "", "```", clip(prompt, max_chars), "```", "",
+            target = clip(str(r["target"]), max_chars).replace("\n", " ⏎ ")
+            lines += ["", f"**Prompt** (target `{target}`):", "", "```", clip(prompt, max_chars), "```", "",
                       "| reward | advantage | completion |", "|---:|---:|---|"]
         text = clip(r["completion"], max_chars).replace("|", "\\|").replace("\n", " ⏎ ")
         lines.append(f"| {r['reward']:.3f} | {r['advantage']:+.3f} | {text} |")
