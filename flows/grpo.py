@@ -127,9 +127,9 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
                 raise
     tok = load_tokenizer(init_path or cfg.model.path)  # the weights live in the workers
     splits = C.build_splits(cfg, tok)
-    records.start(mlflow_name, str(flow_run.id) if flow_run.id else None, dataset_fingerprint(splits.train),
+    records.start(run_name, str(flow_run.id) if flow_run.id else None, dataset_fingerprint(splits.train),
                   init_checkpoint=init_path, sweep_id=sweep_id, parent_mlflow_run_id=parent_mlflow_run_id,
-                  parent_run_id=sft_run)
+                  parent_run_id=sft_run, mlflow_name=mlflow_name)
     try:
         with WorkerPool(cfg, out, init_path=init_path, with_reference=C.needs_reference(cfg)) as pool:
             records.workers(pool)

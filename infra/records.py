@@ -79,8 +79,8 @@ class RunRecords:
 
     def start(self, name: str | None, flow_run_id: str | None, dataset: str | None, init_checkpoint: str | None = None,
               sweep_id: str | None = None, parent_mlflow_run_id: str | None = None,
-              parent_run_id: str | None = None) -> None:
-        """Register the run (or reopen it on resume) and open its MLflow run."""
+              parent_run_id: str | None = None, mlflow_name: str | None = None) -> None:
+        """Register the run (or reopen it on resume) and open its MLflow run (named `mlflow_name`, else `name`)."""
         config = redact_secrets(config_to_dict(self.cfg))
         with session_scope(self.registry_url) as s:
             existing = s.get(repo.Run, self.run_id)
@@ -96,7 +96,7 @@ class RunRecords:
                         "forgeflow.sweep_id": sweep_id, "forgeflow.dataset": dataset,
                         "forgeflow.loss": self.cfg.loss.name, **flow_run_link_tags(flow_run_id)}
                 if self.mlflow_run_id is None:
-                    self.mlflow_run_id = self.tracker.start_run(name or self.run_id, config, tags,
+                    self.mlflow_run_id = self.tracker.start_run(mlflow_name or name or self.run_id, config, tags,
                                                                 parent_mlflow_run_id)
                 else:  # opened earlier (open_mlflow_run) so that the SFT warm-up could nest under it
                     self.tracker.log_params(self.mlflow_run_id, config)

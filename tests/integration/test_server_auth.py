@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from cli.server import server_command
-from tests.integration.test_deployments import free_port, wait_healthy
+from tests.integration.prefect_helpers import free_port, wait_healthy
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
