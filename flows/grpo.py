@@ -109,7 +109,8 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
     label_flow_run(f"grpo · {cfg.loss.name} · {run_id}", [run_id, cfg.loss.name, *([sweep_id] if sweep_id else [])])
     threads = C.configure_threads(cfg)
     records = RunRecords(cfg, run_id, out)
-    mlflow_name = run_name or f"{cfg.loss.name} · {run_id}"  # the distinguishing part first: names are cut
+    # the distinguishing part first (MLflow cuts names to ~20 characters); the date is in its Created column
+    mlflow_name = run_name or f"{cfg.loss.name} · {run_id.split('-', 1)[-1]}"
     init_path, sft_run = cfg.sft.init, None
     if cfg.sft.steps > 0 and not init_path:
         from flows.sft import sft_flow

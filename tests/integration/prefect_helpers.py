@@ -23,17 +23,27 @@ def free_port() -> int:
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until `url`/health answers 200 (a Prefect API URL, or an MLflow server's); fails if `proc` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {proc.returncode}")
+            raise RuntimeError(f"the server for {url} exited with {proc.returncode}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"prefect server at {url} not healthy after {timeout}s")
+    raise RuntimeError(f"the server at {url} is not healthy after {timeout}s")
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGTERM a server's process group (started with start_new_session), SIGKILL after `timeout` s."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def api(stack, path: str, body: dict | None = None):
@@ -85,8 +95,4 @@ def serving_stack(home: Path, extra_env: dict | None = None):
         yield {"env": env, "url": url, "logs": logs}
     finally:
         for p in reversed(procs):
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+            stop_group(p)

@@ -7,14 +7,20 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 
-import httpx
 import pytest
 
-from tests.integration.prefect_helpers import BIN, ROOT, api, free_port, serving_stack
+from tests.integration.prefect_helpers import (
+    BIN,
+    ROOT,
+    api,
+    free_port,
+    serving_stack,
+    stop_group,
+    wait_healthy,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 TINY = {"model.path": "tiny:qwen3-micro", "sft.steps": 0, "generator.max_new_tokens": 4, "prompts_per_step": 4,
@@ -35,20 +41,10 @@ def mlflow_server(home):
                             env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
                             stdout=open(home / "mlflow.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (home / "mlflow.log").read_text()[-3000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{uri}/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
+        wait_healthy(uri, proc, timeout=180)
         yield uri
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
 
 
 @pytest.fixture(scope="module")
@@ -156,14 +152,15 @@ def test_a_run_and_a_sweep_read_well_in_prefect_and_mlflow(ui_stack, browser, tm
                 mlruns[sweep_name].info.run_id}
     assert sorted(n.split(" · ")[0] for n in children) == ["loss=dapo", "loss=gspo"]
     page.goto(f"{ui_stack['mlflow']}/#/experiments/{experiment}/runs?workflowType=machine_learning")
-    for parent in (sweep_name, f"grpo · {run_id}"):
+    grpo_name = f"grpo · {run_id.split('-', 1)[1]}"  # the date is in the Created column
+    for parent in (sweep_name, grpo_name):
         row = page.get_by_role("row").filter(has_text=parent)
         row.locator('button[data-component-id*="runnamecellrenderer"]').click()  # expand its nested runs
-    for nested in (*children, f"sft · grpo · {run_id}"):
+    for nested in (*children, f"sft · {grpo_name}"):
         expect(page.get_by_text(nested, exact=True)).to_be_visible()
     shot("mlflow-runs-nested")
 
-    grpo_ml = mlruns[f"grpo · {run_id}"]
+    grpo_ml = mlruns[grpo_name]
     assert grpo_ml.data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{grpo['id']}")
     page.goto(f"{ui_stack['mlflow']}/#/experiments/{experiment}/runs/{grpo_ml.info.run_id}/model-metrics"
               "?workflowType=machine_learning")

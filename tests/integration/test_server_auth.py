@@ -2,7 +2,6 @@
 
 import base64
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import httpx
 import pytest
 
 from cli.server import server_command
-from tests.integration.prefect_helpers import free_port, wait_healthy
+from tests.integration.prefect_helpers import free_port, stop_group, wait_healthy
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
@@ -51,8 +50,4 @@ def test_server_with_auth_file_refuses_unauthenticated_calls(tmp_path):
         assert httpx.post(f"{url}/flows/filter", json={}, timeout=10,
                           headers={"Authorization": f"Basic {right}"}).status_code == 200
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
