@@ -10,6 +10,7 @@ import sys
 
 from infra.interrupts import INTERRUPTED, interrupted_by, note_interrupt
 from infra.orphan_guard import start_orphan_guard
+from infra.prefect_env import configure_terminal_logging
 
 
 def add_data_commands(sub) -> None:
@@ -262,8 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `forgeflow` console script; returns the exit status."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_terminal_logging(logging.DEBUG if args.verbose else logging.INFO)
     quiet_libraries()
     for noisy in ("httpx", "httpcore", "alembic", "mlflow"):  # chatty at INFO (one line per API request…)
         logging.getLogger(noisy).setLevel(logging.WARNING)

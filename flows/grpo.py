@@ -105,8 +105,9 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
         cfg = load_config(out / "config.yaml")
     else:
         dump_config(cfg, out / "config.yaml")
-    logger.info("run %s (%s) in %s", run_id, run_name or "unnamed", out)
     label_flow_run(f"grpo · {cfg.loss.name} · {run_id}", [run_id, cfg.loss.name, *([sweep_id] if sweep_id else [])])
+    logger = get_run_logger()  # again: its lines carry the flow run's new name
+    logger.info("run %s (%s) in %s", run_id, run_name or "unnamed", out)
     threads = C.configure_threads(cfg)
     records = RunRecords(cfg, run_id, out)
     # the distinguishing part first (MLflow cuts names to ~20 characters); the date is in its Created column

@@ -37,13 +37,29 @@ def configure_prefect() -> None:
         os.environ.setdefault(key, value)
 
 
+CONSOLE_FORMAT = "%(asctime)s %(levelname)s %(source)s: %(message)s"  # the CLI's terminal lines
+
+
 class ConsoleFilter(logging.Filter):
-    """Terminal lines (prefect_logging.yml's console handler): every warning and error, and INFO only from
-    forgeflow's code — not Prefect's per-task-run state lines, which the UI shows anyway."""
+    """Terminal lines (prefect_logging.yml's console handler, the CLI's handler): every warning and error, and INFO
+    only from forgeflow's code — not Prefect's per-task-run state lines, which the UI shows anyway. Sets
+    `record.source` (CONSOLE_FORMAT): the flow or task run a line belongs to, else the logger's name, so a sweep's
+    children are told apart."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        record.source = (getattr(record, "task_run_name", None) or getattr(record, "flow_run_name", None)
+                         or record.name)
         return (record.levelno >= logging.WARNING or not record.name.startswith("prefect")
                 or (record.pathname.startswith(REPO_ROOT) and "site-packages" not in record.pathname))
+
+
+def configure_terminal_logging(level: int) -> None:
+    """The CLI's logging: CONSOLE_FORMAT lines on stderr, filtered by ConsoleFilter (Prefect keeps a handler the
+    process already has on the root logger instead of its own)."""
+    logging.basicConfig(level=level, format=CONSOLE_FORMAT)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, ConsoleFilter) for f in handler.filters):
+            handler.addFilter(ConsoleFilter())
 
 
 def read_task_runs(client, flow_run_id: str) -> list:
@@ -95,6 +111,11 @@ def label_flow_run(name: str, tags: list[str]) -> None:
 
     if not flow_run.id:
         return
+    from prefect.context import FlowRunContext
+
     with get_client(sync_client=True) as client:
         current = client.read_flow_run(flow_run.id).tags
         client.update_flow_run(flow_run.id, name=name, tags=list(dict.fromkeys([*current, *tags])))
+    context = FlowRunContext.get()
+    if context is not None and context.flow_run is not None:  # later run-logger lines carry the new name
+        context.flow_run.name = name

@@ -64,7 +64,7 @@ def test_every_phase_task_of_every_iteration_is_recorded(capsys):
     assert artifacts[keys["progress"]] == 100.0
     table = artifacts[keys["metrics"]]
     table = json.loads(table) if isinstance(table, str) else table
-    assert [row["step"] for row in table] == [1, 2]  # written at the eval/checkpoint of step 2
+    assert [row["step"] for row in table] == [1, 2, 3]  # at the eval/checkpoint of step 2, and at the end
     assert isinstance(table[1]["accuracy"], float) and isinstance(table[0]["reward"], float)
     assert "Rollout samples, step 3" in artifacts[keys["samples"]] and "| reward | advantage |" in \
         artifacts[keys["samples"]]

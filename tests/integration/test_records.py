@@ -50,7 +50,8 @@ def test_sft_then_grpo_run_is_tracked_registered_and_linked(monkeypatch):
     assert run.data.tags["forgeflow.code_version"]
     for key in ("reward/mean", "loss/loss", "loss/grad_norm", "rollout/response_len_mean", "timing/train"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3, 4], key
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [2, 4]
+    # the initial weights (step 0), the eval of step 2, and the end (step 4, also an eval step: one point)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [0, 2, 4]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "summary.json", "curves.png", "checkpoint"} <= artifacts
     assert "model.safetensors" in {a.path.split("/")[-1] for a in client.list_artifacts(run.info.run_id, "checkpoint")}
