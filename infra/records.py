@@ -95,12 +95,15 @@ class RunRecords:
                         "forgeflow.code_version": code_version(), "prefect.flow_run_id": flow_run_id,
                         "forgeflow.sweep_id": sweep_id, "forgeflow.dataset": dataset,
                         "forgeflow.loss": self.cfg.loss.name, **flow_run_link_tags(flow_run_id)}
+                # opened earlier (open_mlflow_run: the SFT warm-up nests under it), maybe by a process that died
+                self.mlflow_run_id = self.mlflow_run_id or self.tracker.find_run(self.run_id)
                 if self.mlflow_run_id is None:
                     self.mlflow_run_id = self.tracker.start_run(mlflow_name or name or self.run_id, config, tags,
                                                                 parent_mlflow_run_id)
-                else:  # opened earlier (open_mlflow_run) so that the SFT warm-up could nest under it
+                else:
                     self.tracker.log_params(self.mlflow_run_id, config)
                     self.tracker.set_tags(self.mlflow_run_id, {k: v for k, v in tags.items() if v is not None})
+                    self.tracker.client.update_run(self.mlflow_run_id, status="RUNNING")
                 repo.create_run(s, self.run_id, self.recipe, config, name, code_version=tags["forgeflow.code_version"],
                                 dataset_fingerprint=dataset, prefect_flow_run_id=flow_run_id,
                                 mlflow_run_id=self.mlflow_run_id, sweep_id=sweep_id, parent_run_id=parent_run_id,
@@ -115,13 +118,17 @@ class RunRecords:
         """Create this run's MLflow run before `start` (which fills in its params and tags), so that runs made
         first — the SFT warm-up — can nest under it."""
         if self.mlflow_run_id is None:
-            self.mlflow_run_id = self.tracker.start_run(name, None, {"forgeflow.run_id": self.run_id},
-                                                        parent_mlflow_run_id)
+            self.mlflow_run_id = self.tracker.find_run(self.run_id)  # a restart after its SFT failed
+            if self.mlflow_run_id is None:
+                self.mlflow_run_id = self.tracker.start_run(name, None, {"forgeflow.run_id": self.run_id},
+                                                            parent_mlflow_run_id)
+            else:
+                self.tracker.client.update_run(self.mlflow_run_id, status="RUNNING")
         return self.mlflow_run_id
 
     def end_unstarted(self, status: str) -> None:
-        """End the MLflow run opened by `open_mlflow_run` when the run stops before `start` (its SFT failed): a
-        resume opens a new one, and this one must not stay RUNNING."""
+        """End the MLflow run opened by `open_mlflow_run` when the run stops before `start` (its SFT failed), so it
+        does not stay RUNNING; a restart of the run reopens it."""
         if self.mlflow_run_id is not None:
             self.tracker.end_run(self.mlflow_run_id, status)
             self.mlflow_run_id = None

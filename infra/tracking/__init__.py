@@ -79,6 +79,12 @@ class Tracker:
             self.log_params(run.info.run_id, params)
         return run.info.run_id
 
+    def find_run(self, forgeflow_run_id: str) -> str | None:
+        """The MLflow run of a forgeflow run (tag forgeflow.run_id), if one was made already (a restart)."""
+        found = self.client.search_runs([self.experiment_id], f"tags.`forgeflow.run_id` = '{forgeflow_run_id}'",
+                                        max_results=1)
+        return found[0].info.run_id if found else None
+
     def log_params(self, run_id: str, params: dict) -> None:
         from mlflow.entities import Param
 

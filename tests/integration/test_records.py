@@ -118,3 +118,27 @@ def test_each_step_reaches_mlflow_when_recorded_and_a_rollback_keeps_one_point(t
     assert sorted(m.step for m in history) == [1, 2, 3]
     assert client.get_run(records.mlflow_run_id).data.tags["forgeflow.rollbacks"] == "2->1"
     assert [r["step"] for r in records.rows()] == [1, 2, 3]
+
+
+def test_a_run_restarted_after_its_sft_failed_keeps_one_mlflow_run(tmp_path):
+    """The GRPO MLflow run is opened before SFT (which nests under it): an SFT failure ends it FAILED, not left
+    RUNNING, and the restarted run reopens that run instead of making a second one."""
+    import uuid
+
+    from infra.config_checks import load_config
+    from infra.records import RunRecords
+
+    cfg, run_id = load_config("configs/grpo_math_tiny.yaml", TINY), f"sft-fails-{uuid.uuid4().hex[:8]}"
+    first = RunRecords(cfg, run_id, tmp_path)
+    opened = first.open_mlflow_run("grpo · sft-fails")
+    first.end_unstarted("FAILED")
+    client = MlflowClient(default_tracking_uri())
+    assert client.get_run(opened).info.status == "FAILED"
+    again = RunRecords(cfg, run_id, tmp_path)  # the restart: a new process, the same run id
+    assert again.open_mlflow_run("grpo · sft-fails") == opened
+    assert client.get_run(opened).info.status == "RUNNING"
+    again.start("sft-fails", None, None, mlflow_name="grpo · sft-fails")
+    assert again.mlflow_run_id == opened and client.get_run(opened).data.params["loss.name"] == "grpo"
+    experiment = client.get_run(opened).info.experiment_id
+    assert len(client.search_runs([experiment], f"tags.`forgeflow.run_id` = '{run_id}'")) == 1
+    again.finish("completed")
