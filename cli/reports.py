@@ -105,9 +105,10 @@ def read_samples(run_id: str, step: int | None = None) -> dict:
     """The rollout samples a run recorded at `step` (default: its latest): {run_id, step, steps, rows}."""
     from infra.paths import run_dir
 
-    folder = run_dir(run_id) / "samples"
-    if not run_dir(run_id).is_dir():
-        raise ValueError(f"no run directory for {run_id!r} ({run_dir(run_id)}); `forgeflow runs ls` lists the runs")
+    out = run_dir(run_id)
+    if not out.is_dir():
+        raise ValueError(f"no run directory for {run_id!r} ({out}); `forgeflow runs ls` lists the runs")
+    folder = out / "samples"
     files = {int(p.stem.split("-")[1]): p for p in folder.glob("step-*.json")} if folder.is_dir() else {}
     if not files:
         raise ValueError(f"run {run_id} recorded no samples: they are taken at each eval step and the last step "

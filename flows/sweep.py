@@ -68,9 +68,10 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
     label = grid_label(grid)
     label_flow_run(f"grpo-sweep · {label} · {sweep_id}", [sweep_id, "sweep"])
     tracker = Tracker(base_cfg.tracking.mlflow_uri, base_cfg.tracking.experiment)
-    parent = tracker.start_run(f"{label} · {sweep_id}", {"grid": grid, "base_overrides": overrides or {}, "config": config},
-                               {"forgeflow.sweep_id": sweep_id, "forgeflow.recipe": "sweep",
-                                "prefect.flow_run_id": flow_run.id, **flow_run_link_tags(flow_run.id)})
+    params = {"grid": grid, "base_overrides": overrides or {}, "config": config}
+    tags = {"forgeflow.sweep_id": sweep_id, "forgeflow.recipe": "sweep", "prefect.flow_run_id": flow_run.id,
+            **flow_run_link_tags(flow_run.id)}
+    parent = tracker.start_run(f"{label} · {sweep_id}", params, tags)
     with session_scope(base_cfg.tracking.registry_url) as s:
         repo.create_sweep(s, sweep_id, grid, name=sweep_id).mlflow_run_id = parent
 

@@ -66,11 +66,16 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor
     return ADVANTAGES[name](rewards, group_ids.long(), **kwargs)
 
 
-def assign_group_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> None:
-    """Compute advantages for every episode of `groups` in place."""
+def group_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> list[float]:
+    """The advantage of every episode of `groups` (in order) from their rewards, without changing the episodes."""
     rewards = torch.tensor([e.reward for g in groups for e in g.episodes], dtype=torch.float64)
     ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.episodes], dtype=torch.long)
-    adv = compute_advantages(name, rewards, ids, **kwargs).tolist()
+    return compute_advantages(name, rewards, ids, **kwargs).tolist()
+
+
+def assign_group_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> None:
+    """Compute advantages for every episode of `groups` in place."""
+    adv = group_advantages(groups, name, **kwargs)
     for episode, a in zip((e for g in groups for e in g.episodes), adv, strict=True):
         episode.advantage = a
 

@@ -6,9 +6,7 @@ The flow records them at each eval step (MLflow table, Prefect markdown artifact
 
 from __future__ import annotations
 
-import torch
-
-from forge_core.advantages import compute_advantages
+from forge_core.advantages import group_advantages
 from forge_core.types import Group
 
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "target", "reward", "advantage", "policy_version", "stop_reason")
@@ -21,9 +19,7 @@ def sample_rows(groups: list[Group], step: int, prompts: int, advantage: dict | 
     if not chosen:
         return []
     options = dict(advantage or {"name": "grpo"})
-    rewards = torch.tensor([e.reward for g in chosen for e in g.episodes], dtype=torch.float64)
-    ids = torch.tensor([i for i, g in enumerate(chosen) for _ in g.episodes])
-    advantages = compute_advantages(options.pop("name"), rewards, ids, **options).tolist()
+    advantages = group_advantages(chosen, options.pop("name"), **options)
     episodes = [e for g in chosen for e in g.episodes]
     return [{"step": step, "prompt": e.prompt, "completion": e.completion.text, "target": e.target,
              "reward": float(e.reward), "advantage": float(a), "policy_version": int(e.completion.policy_version),
