@@ -57,16 +57,28 @@ class Tracker:
         if self.uri.startswith(("http://", "https://")):
             check_server(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
-        name = experiment or "forgeflow"
+        self.experiment_id = self._open_experiment(experiment or "forgeflow",
+                                                   None if self.uri.startswith("http")
+                                                   else (forgeflow_home() / "mlartifacts").as_uri())
+
+    def _open_experiment(self, name: str, artifacts: str | None) -> str:
+        """The id of experiment `name`, made (tagged as model training) when it does not exist yet."""
+        from mlflow.exceptions import MlflowException
+
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
-            artifacts = None if self.uri.startswith("http") else (forgeflow_home() / "mlartifacts").as_uri()
-            self.experiment_id = self.client.create_experiment(name, artifact_location=artifacts,
-                                                               tags={EXPERIMENT_KIND: MODEL_TRAINING})
-        else:
-            self.experiment_id = exp.experiment_id
-            if exp.tags.get(EXPERIMENT_KIND) is None:  # made before forgeflow set it
-                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
+            try:
+                return self.client.create_experiment(name, artifact_location=artifacts,
+                                                     tags={EXPERIMENT_KIND: MODEL_TRAINING})
+            except MlflowException as exc:
+                # two runs starting at once both found no experiment; the other one made it first
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                exp = self.client.get_experiment_by_name(name)
+                assert exp is not None, f"MLflow says experiment {name!r} exists but cannot find it"
+        if exp.tags.get(EXPERIMENT_KIND) is None:  # made before forgeflow set it
+            self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
+        return exp.experiment_id
 
     def start_run(self, run_name: str, params: dict | None = None, tags: dict | None = None,
                   parent_run_id: str | None = None) -> str:

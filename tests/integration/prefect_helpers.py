@@ -52,6 +52,13 @@ def api(stack, path: str, body: dict | None = None):
     return r.json()
 
 
+def flow_run_logs(stack, flow_run_id: str, limit: int = 60) -> str:
+    """The last `limit` log lines of a flow run (for a failure message: the reason is in the run's logs)."""
+    logs = api(stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "sort": "TIMESTAMP_DESC",
+                                       "limit": limit})
+    return "\n".join(f"{log['level']:>2} {log['message']}" for log in reversed(logs))
+
+
 def flow_runs_of(stack, deployment_name: str) -> list[dict]:
     deps = api(stack, "/deployments/filter", {"deployments": {"name": {"any_": [deployment_name]}}})
     return api(stack, "/flow_runs/filter", {"deployments": {"id": {"any_": [deps[0]["id"]]}},

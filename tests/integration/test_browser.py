@@ -6,6 +6,7 @@ Screenshots go to the test's tmp dir (their paths are printed)."""
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -16,6 +17,7 @@ from tests.integration.prefect_helpers import (
     BIN,
     ROOT,
     api,
+    flow_run_logs,
     free_port,
     serving_stack,
     stop_group,
@@ -94,7 +96,10 @@ def test_a_run_and_a_sweep_read_well_in_prefect_and_mlflow(ui_stack, browser, tm
                                   "use_deployments": False})
     for proc in (single, sweep):
         out, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, out[-3000:]
+        if proc.returncode != 0:
+            flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out)
+            logs = flow_run_logs(ui_stack, flow_run_id.group(1)) if flow_run_id else "(no flow run id printed)"
+            pytest.fail(f"{out[-2000:]}\n--- the flow run's logs:\n{logs}")
     runs_s = time.monotonic() - t0
 
     grpo = flow_run_named(ui_stack, "grpo · grpo · ")

@@ -142,3 +142,26 @@ def test_a_run_restarted_after_its_sft_failed_keeps_one_mlflow_run(tmp_path):
     experiment = client.get_run(opened).info.experiment_id
     assert len(client.search_runs([experiment], f"tags.`forgeflow.run_id` = '{run_id}'")) == 1
     again.finish("completed")
+
+
+def test_two_runs_starting_at_once_share_the_experiment_the_other_made(monkeypatch):
+    """Both looked the experiment up before either made it (two deployment runs starting together): the second
+    create fails with RESOURCE_ALREADY_EXISTS, and the Tracker takes the experiment the first made."""
+    import uuid
+
+    from infra.tracking import EXPERIMENT_KIND, Tracker
+
+    name = f"race-{uuid.uuid4().hex[:8]}"
+    first = Tracker(experiment=name)  # the other run: it made the experiment
+    real_lookup = MlflowClient.get_experiment_by_name
+    lookups = []
+
+    def stale_lookup(self, wanted):  # the first lookup happened before the other run's create
+        lookups.append(wanted)
+        return None if len(lookups) == 1 else real_lookup(self, wanted)
+
+    monkeypatch.setattr(MlflowClient, "get_experiment_by_name", stale_lookup)
+    second = Tracker(experiment=name)
+    assert second.experiment_id == first.experiment_id and len(lookups) == 2
+    monkeypatch.undo()
+    assert MlflowClient(default_tracking_uri()).get_experiment(first.experiment_id).tags[EXPERIMENT_KIND]
