@@ -10,6 +10,7 @@ Prints a table; the last line is `RESULT gen_tok_s=… train_tok_s=… mfu=… s
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import tempfile
 import time
@@ -86,8 +87,11 @@ def measure_training(model, tok, batch: int, prompt_len: int, resp_len: int, ste
         comp = Completion("", ids, [-2.0] * resp_len)
         prompt = torch.randint(10, vocab, (prompt_len,), generator=g).tolist()
         episodes.append(Episode("", "", prompt, comp, advantage=1.0 if i % 2 else -1.0))
-    trainer = Trainer(model, get_loss("grpo"), TrainerSettings(lr=1e-6, micro_batch_size=max(1, batch // 4)),
-                      tok.pad_token_id)
+    # as forgeflow trains: fp32 master weights and AdamW state, compute in the model's (generation) dtype
+    compute = None if model.dtype == torch.float32 else model.dtype
+    master = copy.deepcopy(model).float()
+    trainer = Trainer(master, get_loss("grpo"), TrainerSettings(lr=1e-6, micro_batch_size=max(1, batch // 4),
+                                                                compute_dtype=compute), tok.pad_token_id)
     inputs, targets = episodes_to_train_inputs(episodes, tok.pad_token_id)
     trainer.train_step(inputs, targets)  # warm-up (optimizer state allocation)
     sync(device)

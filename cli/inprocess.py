@@ -68,7 +68,8 @@ def run_main_job(cfg: RunConfig, run_name: str | None = None, show: bool = True)
     dump_config(cfg, out / "config.yaml")
     log.info("run %s (%s) in %s with %d threads", run_id, run_name or "unnamed", out, threads)
     model_path = cfg.sft.init or cfg.model.path
-    model, tok = load_model_and_tokenizer(model_path, seed=cfg.seed, dtype=C.DTYPES[cfg.model.dtype])
+    # one model trains and generates here: fp32 master weights, bf16 compute in the trainer when model.dtype says so
+    model, tok = load_model_and_tokenizer(model_path, seed=cfg.seed, dtype=C.MASTER_DTYPE)
     splits = C.build_splits(cfg, tok)
     if cfg.sft.steps > 0 and not cfg.sft.init:
         sft_path = sft_phase(cfg, model, tok, splits, out, show)

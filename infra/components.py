@@ -24,6 +24,15 @@ from infra.plugins import check_plugins
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# a model that is trained keeps fp32 master weights and AdamW state whatever model.dtype says; model.dtype is the
+# dtype it computes in (autocast) and the one generators and the reference model hold
+MASTER_DTYPE = torch.float32
+
+
+def compute_dtype(cfg: RunConfig) -> torch.dtype | None:
+    """The trainer's autocast dtype: None (plain fp32) for model.dtype float32, else model.dtype."""
+    dtype = DTYPES[cfg.model.dtype]
+    return None if dtype == MASTER_DTYPE else dtype
 
 
 def configure_threads(cfg: RunConfig) -> int:
@@ -135,14 +144,14 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
                            micro_batch_size=t.micro_batch_size, warmup_steps=t.warmup_steps * per_step,
                            schedule=t.schedule, total_steps=cfg.steps * per_step, min_lr_ratio=t.min_lr_ratio,
                            entropy_coef=t.entropy_coef, temperature=cfg.generator.temperature,
-                           mini_batches=t.mini_batches, epochs=t.epochs)
+                           mini_batches=t.mini_batches, epochs=t.epochs, compute_dtype=compute_dtype(cfg))
 
 
 def sft_settings(cfg: RunConfig) -> TrainerSettings:
     s = cfg.sft
     return TrainerSettings(lr=s.lr, micro_batch_size=max(s.batch_size, 1), warmup_steps=s.warmup_steps,
                            schedule="cosine", total_steps=max(s.schedule_steps or s.steps, 1),
-                           max_norm=cfg.trainer.max_norm)
+                           max_norm=cfg.trainer.max_norm, compute_dtype=compute_dtype(cfg))
 
 
 def needs_reference(cfg: RunConfig) -> bool:

@@ -48,6 +48,10 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     if cfg.sft.schedule_steps and cfg.sft.schedule_steps < cfg.sft.steps:
         raise ValueError(f"{where}: sft.schedule_steps ({cfg.sft.schedule_steps}) must be 0 or >= sft.steps "
                          f"({cfg.sft.steps})")
+    if cfg.model.dtype == "float16":
+        raise ValueError(f"{where}: model.dtype = 'float16' trains without loss scaling, so small gradients underflow "
+                         "to zero; use model.dtype: bfloat16 (fp32 master weights and optimizer state, bf16 compute, "
+                         "bf16 weights for the generators) or float32")
     if cfg.trainer.lr <= 0:
         raise ValueError(f"{where}: trainer.lr must be > 0, got {cfg.trainer.lr}")
     try:

@@ -26,7 +26,7 @@ def sft_train(config: str, overrides: dict | None, out_dir: str, report: StepRep
     C.configure_threads(cfg)
     show = sys.stderr.isatty()
     if not sft_in_workers(cfg):
-        model, tok = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed, dtype=C.DTYPES[cfg.model.dtype])
+        model, tok = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed, dtype=C.MASTER_DTYPE)
         return str(sft_phase(cfg, model, tok, C.build_splits(cfg, tok), Path(out_dir), show,
                              report))
     # the model lives on the trainer worker's ranks (FSDP / torchtitan layout, GPUs); here only the tokenizer

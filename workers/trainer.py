@@ -31,6 +31,12 @@ from workers.sharding import full_state_dict, gather_pipeline_state, shard_model
 log = logging.getLogger(__name__)
 
 
+def cast_floats(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`state` with its floating-point tensors in `dtype` (the generators' dtype: bf16 weights go out, the fp32
+    masters stay here); other tensors unchanged."""
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+
 class TrainerWorker(Worker):
     role = "trainer"
 
@@ -39,7 +45,7 @@ class TrainerWorker(Worker):
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         model, self.tokenizer = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed,
-                                                         dtype=dtype_of(cfg))
+                                                         dtype=C.MASTER_DTYPE)
         model = model.to(worker_device(cfg, self.role))
         self.tp = self.pp = 1  # tensor / pipeline parallel degrees: their ranks share one slice of the batch
         self.pp_group = None
@@ -136,7 +142,9 @@ class TrainerWorker(Worker):
             if self.pp > 1:
                 self.stage, _ = split_titan_stage(model, dims)
                 self.pp_group = dims.get_mesh("pp").get_group()
-            bf16 = next(model.parameters()).is_cuda  # bf16 compute, fp32 master weights (torchtitan's default)
+            # FSDP2's MixedPrecisionPolicy (param bf16, reduce fp32) over the fp32 masters on GPUs; on CPU (gloo)
+            # the Trainer's autocast computes in bf16 instead
+            bf16 = next(model.parameters()).is_cuda and C.compute_dtype(self.cfg) == torch.bfloat16
             shard_titan_model(model, parallelism, dims, t.activation_checkpointing, bf16=bf16)
         elif t.activation_checkpointing != "none":
             apply_activation_checkpointing(model, t.activation_checkpointing)
@@ -159,7 +167,7 @@ class TrainerWorker(Worker):
         # collective when sharded: every rank gathers, rank 0 writes
         state = self._full_state()
         if self.rank == 0 and self.store is not None:
-            self.store.publish(version, self._hf_state(state))
+            self.store.publish(version, cast_floats(self._hf_state(state), dtype_of(self.cfg)))
         self.policy_version = version
         return version
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -38,6 +39,9 @@ class TrainerSettings:
     temperature: float = 1.0
     mini_batches: int = 1  # optimizer steps per rollout batch (PPO mini-batches)
     epochs: int = 1  # passes over the rollout batch
+    # mixed precision: forward/backward under autocast to this dtype while the parameters, gradients and AdamW
+    # state stay in the model's own dtype (fp32 master weights); None computes in the parameters' dtype
+    compute_dtype: torch.dtype | None = None
 
     def validate(self) -> None:
         if self.lr <= 0 or not math.isfinite(self.lr):
@@ -52,6 +56,9 @@ class TrainerSettings:
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ValueError(f"trainer.{key} must be an integer >= 1 (1 = one pass, one optimizer step); "
                                  f"got {getattr(self, key)!r}")
+        if self.compute_dtype not in (None, torch.bfloat16, torch.float32):
+            raise ValueError(f"compute dtype {self.compute_dtype} is not supported: bfloat16 (fp32 master weights) or "
+                             "float32; float16 would need loss scaling")
         if self.temperature <= 0:
             raise ValueError(f"trainer.temperature must be > 0 (the generator's sampling temperature); got {self.temperature}")
 
@@ -94,8 +101,10 @@ class Trainer:
     def logprobs(self, inputs: list[dict], padding_mask: torch.Tensor, with_entropy: bool = False):
         """(logprobs [B, T], entropy or None) of the response tokens under the current weights."""
         batch = collate(inputs, padding_mask, self.pad_id)
-        return sequence_logprobs(self.model, batch.tokens, batch.attention_mask, batch.positions,
-                                 self.settings.temperature, with_entropy, entropy_grad=self.settings.entropy_coef != 0)
+        with compute_precision(self.model, self.settings.compute_dtype):
+            return sequence_logprobs(self.model, batch.tokens, batch.attention_mask, batch.positions,
+                                     self.settings.temperature, with_entropy,
+                                     entropy_grad=self.settings.entropy_coef != 0)
 
     @torch.no_grad()
     def proximal_logprobs(self, inputs: list[dict], padding_mask: torch.Tensor) -> torch.Tensor:
@@ -195,6 +204,15 @@ class Trainer:
     def load(self, path) -> None:
         device = next(self.model.parameters()).device
         self.load_state_dict(torch.load(path, weights_only=False, map_location=device))
+
+
+def compute_precision(model, dtype: torch.dtype | None):
+    """Autocast to `dtype` on the model's device when it is lower than the parameters' (the matmuls run in bf16,
+    the weights they read stay fp32 and get fp32 gradients); a no-op otherwise. logprobs promote to fp32 after."""
+    param = next(model.parameters())
+    if dtype is None or dtype == param.dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(param.device.type, dtype=dtype)
 
 
 def save_atomically(obj, path) -> None:
