@@ -42,10 +42,13 @@ LOSS_SECTIONS = {
     "cispo": {"name": "cispo", "clip_high": 4.0},
     "sapo": {"name": "sapo"},
 }
+# every table pins all its off-policy keys: the config's own values (make run trains with mini_batches 4) must not
+# leak into the on-policy baseline
+ON_POLICY = {"trainer.mini_batches": 1, "trainer.epochs": 1, "max_policy_age": 0, "rollout_correction.mode": "none"}
 TABLES = {
-    "on-policy": {},
-    "mini4": {"trainer.mini_batches": 4},
-    "age2": {"trainer.mini_batches": 4, "max_policy_age": 2, "rollout_correction.mode": "tis"},
+    "on-policy": ON_POLICY,
+    "mini4": {**ON_POLICY, "trainer.mini_batches": 4},
+    "age2": {**ON_POLICY, "trainer.mini_batches": 4, "max_policy_age": 2, "rollout_correction.mode": "tis"},
 }
 
 
