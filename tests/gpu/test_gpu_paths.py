@@ -55,6 +55,16 @@ def test_trainer_step_on_cuda_matches_cpu():
     assert torch.allclose(results[0][1], results[1][1], atol=1e-4)
 
 
+def test_bf16_compute_with_fp32_masters_on_cuda_tracks_fp32():
+    """model.dtype bfloat16 on a GPU: fp32 masters under bf16 autocast follow an fp32 run (the CPU test's bound)."""
+    from tests.mixed_precision_helpers import TRACKS, moved_fraction, relative_gap, train
+
+    fp32 = train(torch.float32, None, device="cuda")
+    mixed = train(torch.float32, torch.bfloat16, device="cuda")
+    assert moved_fraction(mixed) > 0.5
+    assert relative_gap(mixed, fp32) < TRACKS
+
+
 def test_vllm_adapter_against_a_real_engine(tmp_path):
     pytest.importorskip("vllm")
     from forge_core.generation.vllm_generator import VLLMGenerator

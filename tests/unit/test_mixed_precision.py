@@ -9,40 +9,8 @@ from forge_core.models import load_model_and_tokenizer
 from forge_core.training import Trainer, TrainerSettings
 from infra import components as C
 from infra.config_checks import load_config
+from tests.mixed_precision_helpers import LOST, TRACKS, moved_fraction, relative_gap, train
 from tests.unit.test_trainer import make_batch
-
-STEPS, LR = 100, 1e-5
-# measured on this CPU: bf16 compute with fp32 masters ends 0.7% (relative L2) from the fp32 run's weight change;
-# bf16 parameters end 95% away (84% of the weights never move)
-TRACKS, LOST = 0.10, 0.5
-
-
-def train(param_dtype: torch.dtype, compute_dtype: torch.dtype | None) -> tuple[dict, dict]:
-    """(initial fp32 weights, final weights as fp32) after STEPS reinforce steps on one fixed batch."""
-    torch.manual_seed(0)
-    model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0, dtype=param_dtype)
-    start = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
-    trainer = Trainer(model, get_loss("reinforce"),
-                      TrainerSettings(lr=LR, micro_batch_size=64, compute_dtype=compute_dtype), tok.pad_token_id)
-    inputs, targets = make_batch(tok)
-    for _ in range(STEPS):
-        trainer.train_step(inputs, targets)
-    return start, {k: v.detach().float() for k, v in model.state_dict().items()}
-
-
-def relative_gap(run: tuple[dict, dict], reference: tuple[dict, dict]) -> float:
-    """‖Δrun − Δref‖ / ‖Δref‖ over all weights (Δ = final − initial)."""
-    num = den = 0.0
-    for k, ref_end in reference[1].items():
-        d_ref = ref_end - reference[0][k]
-        num += (run[1][k] - run[0][k] - d_ref).pow(2).sum().item()
-        den += d_ref.pow(2).sum().item()
-    return (num / den) ** 0.5
-
-
-def moved_fraction(run: tuple[dict, dict]) -> float:
-    changed = sum((run[1][k] != run[0][k]).sum().item() for k in run[0])
-    return changed / sum(v.numel() for v in run[0].values())
 
 
 def test_bf16_compute_with_fp32_masters_tracks_fp32_where_bf16_parameters_do_not():
