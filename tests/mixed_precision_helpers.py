@@ -42,5 +42,3 @@ def relative_gap(run: tuple[dict, dict], reference: tuple[dict, dict]) -> float:
 def moved_fraction(run: tuple[dict, dict]) -> float:
     changed = sum((run[1][k] != run[0][k]).sum().item() for k in run[0])
     return changed / sum(v.numel() for v in run[0].values())
-
-

@@ -22,10 +22,8 @@ def test_bf16_compute_with_fp32_masters_tracks_fp32_where_bf16_parameters_do_not
     gap_mixed, gap_bf16 = relative_gap(mixed, fp32), relative_gap(bf16_params, fp32)
     print(f"moved: fp32 {moved_fraction(fp32):.3f} mixed {moved_fraction(mixed):.3f} "
           f"bf16 params {moved_fraction(bf16_params):.3f}; gap to fp32: mixed {gap_mixed:.4f} bf16 {gap_bf16:.4f}")
-    assert gap_mixed < TRACKS
+    assert 0 < gap_mixed < TRACKS  # > 0: the bf16 compute did happen (an fp32 run would match exactly)
     assert gap_bf16 > LOST  # the test's premise: without fp32 masters the updates are lost
-    model_dtypes = {v.dtype for v in mixed[1].values()}
-    assert model_dtypes == {torch.float32}
 
 
 def test_compute_dtype_follows_model_dtype_and_the_trainer_keeps_fp32():
@@ -36,8 +34,11 @@ def test_compute_dtype_follows_model_dtype_and_the_trainer_keeps_fp32():
     model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
     trainer = Trainer(model, get_loss("reinforce"), TrainerSettings(compute_dtype=torch.bfloat16), tok.pad_token_id)
     inputs, targets = make_batch(tok)
+    head_out = []
+    model.lm_head.register_forward_hook(lambda _m, _i, out: head_out.append(out.dtype))
     lp, _ = trainer.logprobs(inputs, targets["padding_mask"])
-    assert lp.dtype == torch.float32  # log-softmax in fp32 even when the matmuls ran in bf16
+    assert head_out == [torch.bfloat16]  # the matmuls ran in bf16
+    assert lp.dtype == torch.float32  # log-softmax in fp32 after them
     trainer.train_step(inputs, targets)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert {s["exp_avg"].dtype for s in trainer.optimizer.state.values()} == {torch.float32}
@@ -46,15 +47,6 @@ def test_compute_dtype_follows_model_dtype_and_the_trainer_keeps_fp32():
 def test_float16_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"model.dtype = 'float16'.*loss scaling.*bfloat16"):
         load_config("configs/grpo_math_tiny.yaml", {"model.dtype": "float16"})
-
-
-def test_published_weights_are_cast_to_the_generators_dtype():
-    from workers.trainer import cast_floats
-
-    state = {"w": torch.randn(3, dtype=torch.float32), "steps": torch.tensor([3])}
-    out = cast_floats(state, torch.bfloat16)
-    assert out["w"].dtype == torch.bfloat16 and out["steps"].dtype == torch.int64
-    assert torch.equal(out["w"], state["w"].to(torch.bfloat16))
 
 
 def test_a_bf16_trainer_worker_keeps_fp32_masters_and_publishes_bf16(tmp_path):
