@@ -36,9 +36,11 @@ class GeneratorWorker(Worker):
         self.pinned_version_misses = 0
 
     def rollout(self, problems: Sequence[Problem], prompts: Sequence[str], group_size: int, seed: int,
-                version: int | None = None) -> list[Group]:
+                version: int | None = None, prompt_keys: Sequence[int] | None = None) -> list[Group]:
         """`group_size` samples for each prompt (completions stamped with the version); with `version`, sample with
-        exactly that policy version (loaded from the store when this generator holds another one)."""
+        exactly that policy version (loaded from the store when this generator holds another one). Prompt i is
+        seeded with seed + prompt_keys[i] (default i): its index in the step's whole batch, whichever replica
+        samples it."""
         self.calls += 1
         missed = None
         if version is not None and version != self.policy_version:
@@ -53,7 +55,8 @@ class GeneratorWorker(Worker):
                           "version %d instead, so this run is no longer bit-exact with an uninterrupted one "
                           "(counted as rollout/pinned_version_misses; %d so far)", version, exc, self.policy_version,
                           self.pinned_version_misses)
-        groups = steps.rollout(self.generator, problems, prompts, group_size, seed, C.sampling_params(self.cfg))
+        groups = steps.rollout(self.generator, problems, prompts, group_size, seed, C.sampling_params(self.cfg),
+                               prompt_keys)
         if missed is not None:
             for group in groups:
                 for episode in group.episodes:
@@ -63,16 +66,18 @@ class GeneratorWorker(Worker):
     def health(self) -> dict:
         return {**super().health(), "pinned_version_misses": self.pinned_version_misses}
 
-    def generate(self, prompts: list[str], n: int = 1, seed: int | None = None, params=None) -> list[list]:
+    def generate(self, prompts: list[str], n: int = 1, seed: int | None = None, params=None,
+                 prompt_keys: list[int] | None = None) -> list[list]:
         """Raw TorchGenerator.generate: n Completions per prompt."""
         self.calls += 1
-        return self.generator.generate(prompts, n=n, seed=seed, params=params)
+        return self.generator.generate(prompts, n=n, seed=seed, params=params, prompt_keys=prompt_keys)
 
-    def evaluate(self, problems: Sequence[Problem], prompts: Sequence[str], samples: int = 0) -> dict[str, float]:
-        """Held-out greedy (and sampled) accuracy of the current weights."""
+    def evaluate(self, problems: Sequence[Problem], prompts: Sequence[str], samples: int = 0,
+                 prompt_keys: Sequence[int] | None = None) -> dict[str, float]:
+        """Held-out greedy (and sampled) accuracy of the current weights on these prompts (keys: see rollout)."""
         g = self.cfg.generator
         return steps.evaluate(self.generator, problems, prompts, g.max_new_tokens, samples=samples,
-                              temperature=g.temperature, seed=self.cfg.seed)
+                              temperature=g.temperature, seed=self.cfg.seed, prompt_keys=prompt_keys)
 
     def join_weight_group(self, address: str, rank: int, world: int, device: str = "cpu") -> None:
         """weightsync.backend broadcast: join the trainer's weight-broadcast group at `address` as `rank`

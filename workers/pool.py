@@ -16,6 +16,7 @@ import shutil
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,11 +141,26 @@ class WorkerPool:
         return self.client(role).call(method, *args, **kwargs)
 
     def call_all(self, role: str, method: str, *args, **kwargs) -> list:
-        """`method` on every replica of `role` (e.g. load_weights on all generators)."""
-        return [c.call(method, *args, **kwargs) for c in self.clients(role)]
+        """`method` on every replica of `role` at once (e.g. load_weights on all generators), in replica order."""
+        calls = self.call_each(role, method, {i: args for i in range(len(self.clients(role)))}, **kwargs)
+        return [calls[i] for i in sorted(calls)]
+
+    def call_each(self, role: str, method: str, args_by_replica: dict[int, tuple], **kwargs) -> dict[int, object]:
+        """`method` on replica i with args_by_replica[i], all replicas at once (a thread each; every worker is its
+        own process); {replica: result}. When calls fail, all are waited for, then the lowest replica's error is
+        raised (WorkerLost for a dead one, so recovery sees it as from a single call)."""
+        clients = self.clients(role)
+        if any(not 0 <= i < len(clients) for i in args_by_replica):
+            raise ValueError(f"role {role!r} has replicas 0..{len(clients) - 1}; got {sorted(args_by_replica)}")
+        if len(args_by_replica) <= 1:
+            return {i: clients[i].call(method, *args, **kwargs) for i, args in args_by_replica.items()}
+        with ThreadPoolExecutor(len(args_by_replica), thread_name_prefix=f"{role}-{method}") as pool:
+            futures = {i: pool.submit(clients[i].call, method, *args, **kwargs)
+                       for i, args in sorted(args_by_replica.items())}
+        return {i: future.result() for i, future in futures.items()}  # the executor's exit waited for all
 
     def health(self) -> dict[str, list[dict]]:
-        return {role: [c.call("health", timeout=30) for c in self.clients(role)] for role in self.members}
+        return {role: self.call_all(role, "health", timeout=30) for role in self.members}
 
     # ---- internals ----
 

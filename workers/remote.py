@@ -2,8 +2,10 @@
 workers of its role. Prefect tasks call these (tasks/phases.py); the pool and fault tests drive the iteration spine
 with them directly.
 
-    RemoteGenerator ─ rollout: prompts split round-robin over the generator replicas, version pinned by the Schedule
-    RemoteRewardScorer / RemoteReferenceScorer ─ one reward / reference worker call per batch
+    RemoteGenerator ─ rollout: prompts split round-robin over the generator replicas, which sample concurrently;
+                      version pinned by the Schedule
+    RemoteRewardScorer ─ the batch split over the reward workers, scored concurrently
+    RemoteReferenceScorer ─ one reference worker call per batch
     RemoteTrainer ─ train_step and checkpoints on the trainer worker (all its ranks)
 """
 
@@ -16,7 +18,13 @@ from pathlib import Path
 
 from forge_core.data.problems import Problem
 from forge_core.protocols import Batch, PendingBatch, ReadyBatch, RolledBack
-from forge_core.recipes.steps import rollout_metrics, sample_prompt_indices, sample_with_refills, step_seed
+from forge_core.recipes.steps import (
+    reward_metrics,
+    rollout_metrics,
+    sample_prompt_indices,
+    sample_with_refills,
+    step_seed,
+)
 from forge_core.schedule import Schedule
 from forge_core.training.trainer import save_atomically
 from forge_core.types import Group
@@ -26,19 +34,59 @@ from infra.components import ProblemSplits
 
 def remote_rollout(pool, problems: Sequence[Problem], prompts: Sequence[str], group_size: int,
                    seed: int, version: int | None = None) -> list[Group]:
-    """Split the prompts over the generator replicas (round-robin) and gather their groups in order; `version`
-    pins the policy version they sample with (a generator holding another one loads it first)."""
-    clients = pool.clients("generator")
-    shards = [(i, list(problems[i::len(clients)]), list(prompts[i::len(clients)])) for i in range(len(clients))]
-    results: dict[int, list[Group]] = {}
-    for i, probs, prs in shards:
-        if probs:
-            results[i] = clients[i].call("rollout", probs, prs, group_size, seed + i, version)
-    # interleave back into the original prompt order
+    """Split the prompts over the generator replicas (round-robin), which sample at the same time, and gather their
+    groups in the prompts' order. Prompt i is seeded with seed + i on whichever replica samples it, so the groups
+    do not depend on the number of replicas. `version` pins the policy version (a generator holding another one
+    loads it first)."""
+    replicas = len(pool.clients("generator"))
+    keys = list(range(len(problems)))
+    shards = {i: (list(problems[i::replicas]), list(prompts[i::replicas]), group_size, seed, version, keys[i::replicas])
+              for i in range(min(replicas, len(problems)))}
+    results = pool.call_each("generator", "rollout", shards)
     groups: list[Group] = [None] * len(problems)  # type: ignore[list-item]
-    for i, part in results.items():
-        groups[i::len(clients)] = part
+    for i, part in results.items():  # interleave back into the prompts' order
+        groups[i::replicas] = part
     return groups
+
+
+def remote_evaluate(pool, problems: Sequence[Problem], prompts: Sequence[str], samples: int) -> dict[str, float]:
+    """Held-out accuracy with the prompts split over the generator replicas, evaluated at the same time; the
+    accuracies are those of one generator evaluating them all (counts are summed, not means averaged)."""
+    t0 = time.perf_counter()
+    replicas = len(pool.clients("generator"))
+    keys = list(range(len(problems)))
+    shards = {i: (list(problems[i::replicas]), list(prompts[i::replicas]), samples, keys[i::replicas])
+              for i in range(min(replicas, len(problems)))}
+    results = pool.call_each("generator", "evaluate", shards)
+    metrics = {"eval/accuracy": sum_rates(results, "eval/accuracy", shards, 1) / len(problems)}
+    if samples:
+        metrics["eval/sampled_accuracy"] = sum_rates(results, "eval/sampled_accuracy", shards, samples) / (
+            len(problems) * samples)
+    metrics["timing/eval"] = time.perf_counter() - t0
+    return metrics
+
+
+def sum_rates(results: dict[int, dict], key: str, shards: dict[int, tuple], per_prompt: int) -> int:
+    """The count behind each shard's rate `key` (rate × the shard's prompts × per_prompt), summed."""
+    return sum(round(results[i][key] * len(shards[i][0]) * per_prompt) for i in results)
+
+
+def remote_score(pool, groups: list[Group]) -> dict[str, float]:
+    """Score the groups on the reward workers, split in contiguous shards that are scored at the same time; the
+    rewards are written onto the episodes in order and reward/* metrics computed over the whole batch (the same
+    numbers as one worker's)."""
+    replicas = min(len(pool.clients("reward")), len(groups))
+    bounds = [len(groups) * i // replicas for i in range(replicas + 1)]
+    shards = {i: (groups[bounds[i]:bounds[i + 1]],) for i in range(replicas) if bounds[i] < bounds[i + 1]}
+    results = pool.call_each("reward", "score", shards)
+    errors = timeouts = 0.0
+    for i, (scores, metrics) in results.items():
+        for g, row in zip(groups[bounds[i]:bounds[i + 1]], scores, strict=True):
+            for e, (total, breakdown) in zip(g.episodes, row, strict=True):
+                e.reward, e.reward_breakdown = total, breakdown
+        errors += metrics["reward/errors"]
+        timeouts += metrics["reward/timeouts"]
+    return {**reward_metrics(groups, errors), "reward/timeouts": timeouts}
 
 
 def remote_sync(pool, version: int) -> list[int]:
@@ -115,7 +163,7 @@ class RemoteGenerator:
     def evaluate(self, version: int) -> dict[str, float]:
         """Held-out greedy (and sampled) accuracy of the generator's current weights (RolledBack: see sync)."""
         require_trainer_at(self.pool, version)
-        return self.pool.call("generator", "evaluate", self.splits.eval, self.splits.eval_prompts, self.eval_samples)
+        return remote_evaluate(self.pool, self.splits.eval, self.splits.eval_prompts, self.eval_samples)
 
 
 @dataclass
@@ -123,12 +171,9 @@ class RemoteRewardScorer:
     pool: object
 
     def score(self, step: int, groups: list[Group]) -> Batch:
-        """Rewards from a reward worker, written onto the episodes; reward/* metrics."""
+        """Rewards from the reward workers, written onto the episodes; reward/* metrics."""
         t0 = time.perf_counter()
-        scores, metrics = self.pool.call("reward", "score", groups)
-        for g, row in zip(groups, scores, strict=True):
-            for e, (total, breakdown) in zip(g.episodes, row, strict=True):
-                e.reward, e.reward_breakdown = total, breakdown
+        metrics = remote_score(self.pool, groups)
         metrics["timing/reward"] = time.perf_counter() - t0
         return groups, metrics
 

@@ -50,6 +50,7 @@ class WorkerServer:
         self.stop = threading.Event()
         self.call_lock = threading.Lock()
         self.rejected = 0  # connections that never proved the key: closed, timed out, garbage, wrong key, flood
+        self.last_calls: dict[str, tuple[float, float]] = {}  # method -> wall-clock (start, end) of its last call
         self._counter_lock = threading.Lock()
         self._last_warning = float("-inf")
 
@@ -130,9 +131,14 @@ class WorkerServer:
             return ("error", "ValueError", f"{self.role} worker has no call {method!r}", "")
         try:
             if method == "health":  # answered without the lock: health must work during a long call
-                return ("ok", {**self.worker.health(), "rejected_connections": self.rejected})
+                return ("ok", {**self.worker.health(), "rejected_connections": self.rejected,
+                               "last_calls": dict(self.last_calls)})
             with self.call_lock:
-                return ("ok", getattr(self.worker, method)(*args, **kwargs))
+                start = time.time()
+                try:
+                    return ("ok", getattr(self.worker, method)(*args, **kwargs))
+                finally:  # health shows when each call last ran: overlapping spans prove replicas worked at once
+                    self.last_calls[method] = (start, time.time())
         except Exception as exc:  # sent back to the caller, who re-raises it as WorkerCallError
             log.exception("%s.%s failed", self.role, method)
             return ("error", type(exc).__name__, str(exc), traceback.format_exc())

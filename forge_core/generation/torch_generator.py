@@ -7,7 +7,7 @@ import logging
 import torch
 
 from forge_core.generation.decoder import make_decoder
-from forge_core.generation.sampling import SamplingParams, exponential_noise, sample_next
+from forge_core.generation.sampling import SamplingParams, sample_next, stream_keys, stream_uniforms
 from forge_core.types import Completion
 
 log = logging.getLogger(__name__)
@@ -17,13 +17,14 @@ class TorchGenerator:
     """Generates with a HF causal LM in this process; `policy_version` is stamped on every completion."""
 
     def __init__(self, model, tokenizer, params: SamplingParams | None = None, max_batch: int = 512,
-                 prefer_fast: bool = True) -> None:
+                 prefer_fast: bool = True, check_every: int = 0) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs pad and eos tokens (set tokenizer.pad_token = tokenizer.eos_token)")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.params = params or SamplingParams()
         self.params.validate()
         self.max_batch, self.prefer_fast = max_batch, prefer_fast
+        self.check_every = check_every  # decode steps between looks for finished rows; 0: 1 on CPU, 8 on CUDA
         self.policy_version = 0
 
     @property
@@ -50,47 +51,63 @@ class TorchGenerator:
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], n: int = 1, seed: int | None = None,
-                 params: SamplingParams | None = None) -> list[list[Completion]]:
-        """n completions for each prompt (list per prompt); seeded calls are reproducible."""
+                 params: SamplingParams | None = None, prompt_keys: list[int] | None = None) -> list[list[Completion]]:
+        """n completions for each prompt (list per prompt). Prompt i is seeded with seed + prompt_keys[i] (default
+        seed + i, as each vLLM request is), so its samples do not depend on which prompts share its batch, chunk
+        or replica; seeded calls are reproducible."""
         params = params or self.params
         params.validate()
-        gen = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
+        keys = list(range(len(prompts))) if prompt_keys is None else list(prompt_keys)
+        if len(keys) != len(prompts):
+            raise ValueError(f"prompt_keys has {len(keys)} entries for {len(prompts)} prompts; give one per prompt")
+        if seed is None:
+            seed = int(torch.randint(2**31 - 1, ()).item())
+        row_keys = stream_keys(seed, keys, n)
         per_chunk = max(1, self.max_batch // n)
         out: list[list[Completion]] = []
         for start in range(0, len(prompts), per_chunk):
             chunk = prompts[start:start + per_chunk]
-            out.extend(self.generate_chunk(chunk, n, params, gen))
+            out.extend(self.generate_chunk(chunk, n, params, row_keys[start * n:(start + len(chunk)) * n]))
         return out
 
-    def generate_chunk(self, prompts, n, params, gen) -> list[list[Completion]]:
+    def generate_chunk(self, prompts, n, params, row_keys: list[int]) -> list[list[Completion]]:
+        """One batch of len(prompts) * n rows; finished rows are found on the host every `check_every` steps
+        only (one synchronisation), then dropped from the decoder."""
         ids, mask = self.encode_prompts(prompts)
         device = self.device
         ids, mask = ids.to(device), mask.to(device)
         decoder = make_decoder(self.model, self.prefer_fast)
         logits = decoder.prefill(ids, mask, params.max_new_tokens, n)
-        batch = logits.shape[0]
+        batch, steps = logits.shape[0], params.max_new_tokens
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        tokens = torch.full((batch, params.max_new_tokens), pad, dtype=torch.long, device=device)
-        logprobs = torch.zeros((batch, params.max_new_tokens), device=device)
-        lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=device)
-        active = torch.arange(batch, device=device)  # original row of each row still held by the decoder
+        tokens = torch.full((batch, steps), pad, dtype=torch.long, device=device)
+        logprobs = torch.zeros((batch, steps), device=device)
+        lengths = torch.full((batch,), steps, dtype=torch.long, device=device)
+        rows = torch.arange(batch, device=device)  # the original row of each row the decoder still holds
+        keys = torch.tensor(row_keys, dtype=torch.long, device=device)
         alive = torch.ones(batch, dtype=torch.bool, device=device)
-        for t in range(params.max_new_tokens):
-            noise = None if params.temperature == 0 else exponential_noise(batch, logits.shape[-1], gen, device)[active]
-            next_tokens, next_lp = sample_next(logits, params, noise)
-            tokens[active[alive], t] = next_tokens[alive]
-            logprobs[active[alive], t] = next_lp[alive]
+        check_every = self.check_every or (1 if device.type == "cpu" else 8)
+        for t in range(steps):
+            uniforms = None if params.temperature == 0 else stream_uniforms(keys, t)
+            next_tokens, next_lp = sample_next(logits, params, uniforms)
+            # rows finished since the last check keep decoding pads until it drops them; nothing of theirs is kept
+            next_tokens = torch.where(alive, next_tokens, pad)
+            tokens[:, t].index_copy_(0, rows, next_tokens)
+            logprobs[:, t].index_copy_(0, rows, torch.where(alive, next_lp, 0.0))
             done = alive & (next_tokens == eos)
-            lengths[active[done]] = t + 1
+            lengths.index_copy_(0, rows, torch.where(done, t + 1, lengths.index_select(0, rows)))
             alive = alive & ~done
-            if not alive.any() or t + 1 == params.max_new_tokens:
+            if t + 1 == steps:
                 break
-            if done.any() and decoder.supports_select:
-                keep = alive.nonzero().squeeze(-1)
-                decoder.select(keep)
-                active, next_tokens, alive = active[keep], next_tokens[keep], alive[keep]
-            # finished rows of a decoder that cannot drop them keep decoding pads; their outputs are ignored
-            logits = decoder.decode(torch.where(alive, next_tokens, torch.full_like(next_tokens, pad)))
+            if (t + 1) % check_every == 0:
+                live = int(alive.sum())  # the only host synchronisation of the loop
+                if live == 0:
+                    break
+                if live < len(alive) and decoder.supports_select:
+                    keep = alive.nonzero().squeeze(-1)
+                    decoder.select(keep)
+                    rows, keys, alive, next_tokens = rows[keep], keys[keep], alive[keep], next_tokens[keep]
+            logits = decoder.decode(next_tokens)
         return self.package(tokens.cpu(), logprobs.cpu(), lengths.cpu(), len(prompts), n, eos)
 
     def package(self, tokens, logprobs, lengths, num_prompts, n, eos) -> list[list[Completion]]:

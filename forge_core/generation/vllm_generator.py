@@ -60,11 +60,15 @@ class VLLMGenerator:
                                         max_tokens=params.max_new_tokens, logprobs=0, seed=seed)
 
     def generate(self, prompts: list[str], n: int = 1, seed: int | None = None,
-                 params: SamplingParams | None = None) -> list[list[Completion]]:
-        """n completions for each prompt; each prompt is its own request seeded from (seed, index)."""
+                 params: SamplingParams | None = None, prompt_keys: list[int] | None = None) -> list[list[Completion]]:
+        """n completions for each prompt; prompt i is its own request seeded with seed + prompt_keys[i] (default i),
+        as TorchGenerator seeds it."""
         params = params or self.params
         params.validate()
-        requests = [self.vllm_params(params, n, None if seed is None else seed + i) for i in range(len(prompts))]
+        keys = list(range(len(prompts))) if prompt_keys is None else list(prompt_keys)
+        if len(keys) != len(prompts):
+            raise ValueError(f"prompt_keys has {len(keys)} entries for {len(prompts)} prompts; give one per prompt")
+        requests = [self.vllm_params(params, n, None if seed is None else seed + k) for k in keys]
         outputs = self.llm.generate(list(prompts), requests, use_tqdm=False)
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} results for {len(prompts)} prompts")

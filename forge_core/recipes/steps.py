@@ -42,9 +42,11 @@ def sample_prompt_indices(num_problems: int, k: int, seed: int, step: int) -> li
 
 
 def rollout(generator: TorchGenerator, problems: Sequence[Problem], prompts: Sequence[str], group_size: int,
-            seed: int, params: SamplingParams | None = None) -> list[Group]:
-    """Sample `group_size` completions for each prompt; one Group per problem."""
-    completions = generator.generate(list(prompts), n=group_size, seed=seed, params=params)
+            seed: int, params: SamplingParams | None = None, prompt_keys: Sequence[int] | None = None) -> list[Group]:
+    """Sample `group_size` completions for each prompt; one Group per problem. Prompt i is seeded with
+    seed + prompt_keys[i] (default i): a replica given part of a step's prompts samples them as one generator would."""
+    completions = generator.generate(list(prompts), n=group_size, seed=seed, params=params,
+                                     prompt_keys=None if prompt_keys is None else list(prompt_keys))
     tok = generator.tokenizer
     groups = []
     for problem, prompt, comps in zip(problems, prompts, completions, strict=True):
@@ -74,15 +76,21 @@ def sample_with_refills(sample_round: Callable[[int, int], Batch], num_groups: i
 
 def score_rewards(groups: list[Group], reward: CombinedReward) -> dict[str, float]:
     """Set each episode's reward (and per-function breakdown); returns reward/* metrics."""
-    per_fn: dict[str, list[float]] = {}
-    totals, errors = [], 0
     episodes = [e for g in groups for e in g.episodes]
     scores = reward.score_batch([(e.prompt, e.completion.text, e.target) for e in episodes])
     for e, s in zip(episodes, scores, strict=True):
         e.reward, e.reward_breakdown = s.total, s.breakdown
-        totals.append(s.total)
-        errors += len(s.errors)
-        for k, v in s.breakdown.items():
+    return reward_metrics(groups, errors=sum(len(s.errors) for s in scores))
+
+
+def reward_metrics(groups: list[Group], errors: float = 0.0) -> dict[str, float]:
+    """reward/mean, reward/std, reward/errors and the mean of each reward function over the scored episodes (the
+    same numbers however the groups were split over reward workers)."""
+    episodes = [e for g in groups for e in g.episodes]
+    totals = [e.reward for e in episodes]
+    per_fn: dict[str, list[float]] = {}
+    for e in episodes:
+        for k, v in e.reward_breakdown.items():
             per_fn.setdefault(k, []).append(v)
     metrics = {"reward/mean": statistics.fmean(totals), "reward/std": statistics.pstdev(totals),
                "reward/errors": float(errors)}
@@ -163,9 +171,11 @@ def rollout_metrics(groups: list[Group], step: int, seconds: float) -> dict[str,
 
 
 def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Sequence[str], max_new_tokens: int,
-             judge=None, samples: int = 0, temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
+             judge=None, samples: int = 0, temperature: float = 1.0, seed: int = 0,
+             prompt_keys: Sequence[int] | None = None) -> dict[str, float]:
     """Held-out greedy accuracy (judge = MathReward: 1.0 means correct); with samples > 0 also the mean
-    sampled accuracy at `temperature`, a smoother signal than the greedy one."""
+    sampled accuracy at `temperature`, a smoother signal than the greedy one (prompt i seeded with seed +
+    prompt_keys[i], default i)."""
     judge = judge or MathReward()
     start = time.perf_counter()
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
@@ -174,7 +184,8 @@ def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Se
     metrics = {"eval/accuracy": sum(correct) / len(correct)}
     if samples:
         sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
-        outs = generator.generate(list(prompts), n=samples, seed=seed, params=sampled)
+        outs = generator.generate(list(prompts), n=samples, seed=seed, params=sampled,
+                                  prompt_keys=None if prompt_keys is None else list(prompt_keys))
         hits = [judge(p, c.text, prob.solution) >= 1.0 for p, o, prob in zip(prompts, outs, problems) for c in o]
         metrics["eval/sampled_accuracy"] = sum(hits) / len(hits)
     metrics["timing/eval"] = time.perf_counter() - start

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from forge_core.generation import SamplingParams, TorchGenerator, filter_logits
+from forge_core.generation import SamplingParams, TorchGenerator, filter_logits, sample_next
 from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer
 from forge_core.training import Trainer, TrainerSettings, episodes_to_train_inputs
@@ -74,7 +74,8 @@ def test_eos_is_kept_and_ends_the_completion(model_and_tok):
     assert eos_ended and any(c.stop_reason == "length" for c in comps)
     for c in comps:
         assert len(c.token_ids) == len(c.logprobs) and c.policy_version == 7
-        assert tok.pad_token_id not in c.token_ids
+        # the buffer's padding (logprob 0.0) never leaks in; pad itself is an ordinary token of this vocabulary
+        assert all(-50.0 < lp < 0.0 for lp in c.logprobs)
         if c.stop_reason == "eos":
             assert c.token_ids[-1] == tok.eos_token_id and tok.eos_token_id not in c.token_ids[:-1]
         else:
@@ -125,3 +126,69 @@ def test_bad_sampling_params():
         SamplingParams(top_p=0.0).validate()
     with pytest.raises(ValueError, match="generator.max_new_tokens"):
         SamplingParams(max_new_tokens=0).validate()
+
+
+def test_a_prompt_samples_the_same_whatever_shares_its_batch(model_and_tok):
+    """Prompt i is seeded with seed + key_i: alone, in another chunking, or on another replica (prompt_keys),
+    its samples are the same, the property that lets replicas split a step's prompts."""
+    model, tok = model_and_tok
+    handle = boost_eos(model, tok, 2.0)
+    try:
+        params = SamplingParams(temperature=1.0, max_new_tokens=10)
+        together = TorchGenerator(model, tok, params).generate(PROMPTS, n=3, seed=5)
+        alone = [TorchGenerator(model, tok, params).generate([p], n=3, seed=5 + i)[0] for i, p in enumerate(PROMPTS)]
+        chunked = TorchGenerator(model, tok, params, max_batch=3).generate(PROMPTS, n=3, seed=5)
+        odd = TorchGenerator(model, tok, params).generate(PROMPTS[1::2], n=3, seed=5, prompt_keys=[1, 3])
+    finally:
+        handle.remove()
+    ids = lambda groups: [[c.token_ids for c in g] for g in groups]  # noqa: E731
+    assert ids(together) == ids(alone) == ids(chunked)
+    assert ids(odd) == ids(together)[1::2]
+    assert len({len(c.token_ids) for g in together for c in g}) > 1  # rows finished at different steps
+    with pytest.raises(ValueError, match="prompt_keys has 1 entries for 2 prompts"):
+        TorchGenerator(model, tok, params).generate(PROMPTS[:2], seed=0, prompt_keys=[0])
+
+
+def test_checking_for_finished_rows_every_k_steps_changes_nothing(model_and_tok):
+    model, tok = model_and_tok
+    handle = boost_eos(model, tok, 2.5)
+    try:
+        params = SamplingParams(temperature=1.0, max_new_tokens=12)
+        every = [flatten(TorchGenerator(model, tok, params, check_every=k).generate(PROMPTS, n=4, seed=3))
+                 for k in (1, 5, 64)]
+    finally:
+        handle.remove()
+    assert len({len(c.token_ids) for c in every[0]}) > 1
+    for other in every[1:]:
+        assert [c.token_ids for c in other] == [c.token_ids for c in every[0]]
+        assert [c.stop_reason for c in other] == [c.stop_reason for c in every[0]]
+        for a, b in zip(other, every[0]):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+
+
+def test_stream_uniforms_are_uniform_and_independent_of_the_batch():
+    from forge_core.generation.sampling import stream_keys, stream_uniforms
+
+    keys = torch.tensor(stream_keys(11, range(500), 8))
+    u = torch.stack([stream_uniforms(keys, t) for t in range(50)])  # [T, B]
+    assert u.min() >= 0.0 and u.max() < 1.0
+    counts = torch.histc(u, bins=20, min=0.0, max=1.0)
+    expected = u.numel() / 20
+    assert ((counts - expected) ** 2 / expected).sum() < 60  # chi-square, 19 dof: p < 1e-5 to fail by chance
+    lag = torch.corrcoef(torch.stack([u[:-1].flatten(), u[1:].flatten()]))[0, 1]
+    assert abs(lag) < 0.02  # consecutive steps of a stream are uncorrelated
+    assert len(set(stream_keys(11, range(500), 8))) == 4000  # every row its own stream
+    assert torch.equal(stream_uniforms(keys[7:9], 3), u[3, 7:9])  # a row's draw ignores the other rows
+
+
+def test_inverse_cdf_sampling_follows_the_filtered_distribution():
+    from forge_core.generation.sampling import stream_keys, stream_uniforms
+
+    logits = torch.tensor([[2.0, 0.0, 1.0, -1.0, 0.5]]).repeat(40000, 1)
+    uniforms = stream_uniforms(torch.tensor(stream_keys(3, range(40000), 1)), 0)
+    tokens, lp = sample_next(logits, SamplingParams(temperature=1.0), uniforms)
+    freq = torch.bincount(tokens, minlength=5).float() / len(tokens)
+    assert torch.allclose(freq, logits[0].softmax(-1), atol=0.01)
+    assert torch.allclose(lp, logits[0].log_softmax(-1)[tokens])  # unfiltered logprob of the sampled token
+    top2, _ = sample_next(logits, SamplingParams(temperature=1.0, top_k=2), uniforms)
+    assert set(top2.tolist()) == {0, 2}  # filtered-out tokens are never drawn

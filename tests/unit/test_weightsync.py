@@ -65,3 +65,25 @@ def test_publishing_after_a_rollback_drops_the_abandoned_versions(tmp_path):
     store.publish(1, state(1))  # resumed from an earlier checkpoint
     assert store.versions() == [1] and store.latest() == 1
     assert torch.equal(store.fetch()[1]["layer.bias"], state(1)["layer.bias"])
+
+
+def test_streamed_file_is_plain_safetensors_for_every_dtype(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from infra.weightsync.fs import SAFETENSORS_DTYPES
+
+    state = {str(dtype): (torch.arange(12) % 5).to(dtype).reshape(3, 4) for dtype in SAFETENSORS_DTYPES}
+    state["scalar"] = torch.tensor(3.5)
+    state["strided"] = torch.arange(20.0).reshape(4, 5).t()  # not contiguous: written in logical order
+    store = FSWeightStore(tmp_path)
+    path = store.publish(4, state)
+    plain = load_file(str(path))  # what vLLM's workers read
+    with safe_open(str(path), framework="pt") as f:
+        assert f.metadata()["policy_version"] == "4"
+    _, fetched = store.fetch(4)
+    for name, t in state.items():
+        assert plain[name].dtype == t.dtype and torch.equal(plain[name], t) and torch.equal(fetched[name], t)
+    with pytest.raises(ValueError, match="weight 'c' has dtype torch.complex64"):
+        store.publish(5, {"c": torch.zeros(2, dtype=torch.complex64)})
+    assert store.versions() == [4]
