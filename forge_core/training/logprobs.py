@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from forge_core.training.fused_head import head_logprobs
+
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     """x in float32 when it is of a lower precision (bf16/fp16 logits), unchanged when float32 or float64."""
@@ -33,6 +35,21 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: in
     return torch.cat(out, 0)
 
 
+def response_hidden(model, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor):
+    """(hidden states [B, T, H] predicting the tokens at `positions` [B, T], the LM head), or None when the model
+    must be run whole (it picks positions itself, or is an FSDP2-sharded root that only gathers its own embedding
+    and head parameters inside its forward)."""
+    if hasattr(model, "response_logits") or hasattr(model, "reshard"):
+        return None
+    decoder, head = getattr(model, "get_decoder", lambda: None)(), model.get_output_embeddings()
+    # the fused path reads head.weight itself: a wrapped head (LoRA) or one with hooks must run as a module
+    if decoder is None or type(head) is not torch.nn.Linear or head._forward_hooks or head._forward_pre_hooks:
+        return None
+    prev = (positions - 1).clamp(min=0)
+    hidden = decoder(input_ids=tokens, attention_mask=attention_mask).last_hidden_state
+    return hidden.gather(1, prev[..., None].expand(-1, -1, hidden.shape[-1])), head
+
+
 def response_logits(model, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Logits [B, T, V] predicting the tokens at `positions` [B, T] (so computed at positions - 1).
 
@@ -41,24 +58,26 @@ def response_logits(model, tokens: torch.Tensor, attention_mask: torch.Tensor, p
     prev = (positions - 1).clamp(min=0)
     if hasattr(model, "response_logits"):  # a model that picks the positions itself (TitanCausalLM)
         return model.response_logits(tokens, attention_mask, prev)
-    decoder, head = getattr(model, "get_decoder", lambda: None)(), model.get_output_embeddings()
-    # an FSDP2-sharded root only gathers its own (embedding/head) parameters inside its forward: call it whole
-    if decoder is None or head is None or hasattr(model, "reshard"):
+    picked = response_hidden(model, tokens, attention_mask, positions)
+    if picked is None:
         logits = model(input_ids=tokens, attention_mask=attention_mask).logits
         return logits.gather(1, prev[..., None].expand(-1, -1, logits.shape[-1]))
-    hidden = decoder(input_ids=tokens, attention_mask=attention_mask).last_hidden_state
-    picked = hidden.gather(1, prev[..., None].expand(-1, -1, hidden.shape[-1]))
-    return head(picked)
+    hidden, head = picked
+    return head(hidden)
 
 
 def sequence_logprobs(model, tokens, attention_mask, positions, temperature: float = 1.0,
                       with_entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [B, T], entropy [B, T] or None) of tokens[b, positions[b, t]] under `model` (inputs are moved to
-    the model's device)."""
+    the model's device). Where the LM head can be run apart, it runs fused with the log-softmax in chunks of
+    positions (forge_core.training.fused_head): no [B, T, V] logits are kept for the backward."""
     device = next(model.parameters()).device
     tokens, attention_mask, positions = tokens.to(device), attention_mask.to(device), positions.to(device)
-    logits = response_logits(model, tokens, attention_mask, positions)
     targets = tokens.gather(1, positions)
+    picked = response_hidden(model, tokens, attention_mask, positions)
+    if picked is not None:
+        return head_logprobs(*picked, targets, temperature, with_entropy, entropy_grad)
+    logits = response_logits(model, tokens, attention_mask, positions)
     lp = gather_logprobs(logits, targets, temperature)
     ent = token_entropy(logits if entropy_grad else logits.detach(), temperature) if with_entropy else None
     return lp, ent
