@@ -31,7 +31,8 @@ def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
     """Run cfg.steps GRPO steps in-process; returns the metric history (each row has 'step')."""
     params = C.sampling_params(cfg)
     generator = TorchGenerator(model, tok, params)
-    trainer = Trainer(model, C.build_loss(cfg), C.trainer_settings(cfg), tok.pad_token_id)
+    trainer = Trainer(C.prepare_trained_model(cfg, model), C.build_loss(cfg), C.trainer_settings(cfg),
+                      tok.pad_token_id)
     ref_model = None
     if C.needs_reference(cfg):
         ref_model, _ = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed)

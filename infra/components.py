@@ -35,6 +35,15 @@ def compute_dtype(cfg: RunConfig) -> torch.dtype | None:
     return None if dtype == MASTER_DTYPE else dtype
 
 
+def prepare_trained_model(cfg: RunConfig, model):
+    """The trainer section's speed knobs on an HF model about to be trained (hf backend; titan applies its own)."""
+    from forge_core.training.speed import prepare_for_training
+
+    if cfg.trainer.backend != "hf":
+        return model
+    return prepare_for_training(model, cfg.trainer.activation_checkpointing, cfg.trainer.compile)
+
+
 def configure_threads(cfg: RunConfig) -> int:
     """Set torch's intra-op threads deliberately (cfg.threads, 0 = every core) and return the number."""
     threads = cfg.threads or os.cpu_count() or 1

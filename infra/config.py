@@ -65,7 +65,8 @@ class TrainerConfig:
     data_parallel_shard_degree: int = -1  # -1: the ranks TP/PP leave
     tensor_parallel_degree: int = 1
     pipeline_parallel_degree: int = 1
-    activation_checkpointing: str = "none"  # none | full | selective
+    activation_checkpointing: str = "none"  # none | full | selective (titan only): recompute layers in backward
+    compile: bool = False  # hf backend: torch.compile each decoder layer (the first steps pay the compilation)
     lr: float = 1.0e-5
     max_norm: float = 1.0
     micro_batch_size: int = 32

@@ -108,13 +108,19 @@ def check_policy_update(cfg: RunConfig, where: str) -> None:
 
 def check_trainer_layout(cfg: RunConfig, where: str) -> None:
     """trainer.backend titan: torchtitan installed, procs = DP shard × TP × PP (TP and PP not together); the
-    parallel degrees need titan."""
+    parallel degrees and selective activation checkpointing need titan, trainer.compile needs hf."""
     t = cfg.trainer
     if t.backend != "titan":
-        if (t.tensor_parallel_degree, t.pipeline_parallel_degree, t.activation_checkpointing) != (1, 1, "none"):
-            raise ValueError(f"{where}: trainer.tensor_parallel_degree / pipeline_parallel_degree / "
-                             "activation_checkpointing need trainer.backend: titan (the hf backend is FSDP2 only)")
+        if (t.tensor_parallel_degree, t.pipeline_parallel_degree) != (1, 1):
+            raise ValueError(f"{where}: trainer.tensor_parallel_degree / pipeline_parallel_degree need "
+                             "trainer.backend: titan (the hf backend is FSDP2 only)")
+        if t.activation_checkpointing == "selective":
+            raise ValueError(f"{where}: trainer.activation_checkpointing: selective needs trainer.backend: titan; "
+                             "the hf backend checkpoints whole layers (use full, or none)")
         return
+    if t.compile:
+        raise ValueError(f"{where}: trainer.compile applies to the hf backend; for trainer.backend: titan leave it "
+                         "false")
     if importlib.util.find_spec("torchtitan") is None:
         raise ValueError(f"{where}: trainer.backend: titan needs torchtitan: pip install -e '.[titan]' "
                          "(or use trainer.backend: hf)")

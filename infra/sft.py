@@ -25,6 +25,8 @@ def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool, report:
         from forge_core.models.titan import titan_from_hf
 
         trained = titan_from_hf(model)
+    else:
+        C.prepare_trained_model(cfg, model)
     run_sft_steps(cfg, Trainer(trained, get_loss("sft"), C.sft_settings(cfg), tok.pad_token_id), tok, splits, show,
                   report)
     if trained is not model:

@@ -51,8 +51,10 @@ class TrainerWorker(Worker):
         self.pp_group = None
         if cfg.trainer.backend == "titan":
             model = self._build_titan(model)
-        elif self.world > 1:
-            shard_model(model)
+        else:
+            C.prepare_trained_model(cfg, model)  # checkpointing and compile before FSDP wraps the layers
+            if self.world > 1:
+                shard_model(model)
         self.trainer = self._make_trainer(model, C.build_loss(cfg), C.trainer_settings(cfg))
         self.sft_trainer: Trainer | None = None  # built by the first sft_step (its own optimizer and schedule)
         self.store = store
