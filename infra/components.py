@@ -153,14 +153,15 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
                            micro_batch_size=t.micro_batch_size, warmup_steps=t.warmup_steps * per_step,
                            schedule=t.schedule, total_steps=cfg.steps * per_step, min_lr_ratio=t.min_lr_ratio,
                            entropy_coef=t.entropy_coef, temperature=cfg.generator.temperature,
-                           mini_batches=t.mini_batches, epochs=t.epochs, compute_dtype=compute_dtype(cfg))
+                           mini_batches=t.mini_batches, epochs=t.epochs, compute_dtype=compute_dtype(cfg),
+                           pack=t.pack)
 
 
 def sft_settings(cfg: RunConfig) -> TrainerSettings:
     s = cfg.sft
     return TrainerSettings(lr=s.lr, micro_batch_size=max(s.batch_size, 1), warmup_steps=s.warmup_steps,
                            schedule="cosine", total_steps=max(s.schedule_steps or s.steps, 1),
-                           max_norm=cfg.trainer.max_norm, compute_dtype=compute_dtype(cfg))
+                           max_norm=cfg.trainer.max_norm, compute_dtype=compute_dtype(cfg), pack=cfg.trainer.pack)
 
 
 def needs_reference(cfg: RunConfig) -> bool:

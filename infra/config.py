@@ -67,6 +67,7 @@ class TrainerConfig:
     pipeline_parallel_degree: int = 1
     activation_checkpointing: str = "none"  # none | full | selective (titan only): recompute layers in backward
     compile: bool = False  # hf backend: torch.compile each decoder layer (the first steps pay the compilation)
+    pack: bool = False  # hf backend: pack each micro-batch's sequences into as few rows as fit (no padding FLOPs)
     lr: float = 1.0e-5
     max_norm: float = 1.0
     micro_batch_size: int = 32

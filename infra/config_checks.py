@@ -106,21 +106,33 @@ def check_policy_update(cfg: RunConfig, where: str) -> None:
                          "filter_groups: true (or fill_rounds: 1)")
 
 
+def packed_masks_supported() -> bool:
+    """Whether this transformers builds block-diagonal causal masks from packed position ids."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return False
+    return hasattr(masking_utils, "find_packed_sequence_indices")
+
+
 def check_trainer_layout(cfg: RunConfig, where: str) -> None:
     """trainer.backend titan: torchtitan installed, procs = DP shard × TP × PP (TP and PP not together); the
-    parallel degrees and selective activation checkpointing need titan, trainer.compile needs hf."""
+    parallel degrees and selective activation checkpointing need titan, trainer.compile/pack need hf."""
     t = cfg.trainer
     if t.backend != "titan":
         if (t.tensor_parallel_degree, t.pipeline_parallel_degree) != (1, 1):
             raise ValueError(f"{where}: trainer.tensor_parallel_degree / pipeline_parallel_degree need "
                              "trainer.backend: titan (the hf backend is FSDP2 only)")
+        if t.pack and not packed_masks_supported():
+            raise ValueError(f"{where}: trainer.pack needs transformers >= 4.54 (block-diagonal masks from packed "
+                             "position ids); upgrade transformers or set trainer.pack: false")
         if t.activation_checkpointing == "selective":
             raise ValueError(f"{where}: trainer.activation_checkpointing: selective needs trainer.backend: titan; "
                              "the hf backend checkpoints whole layers (use full, or none)")
         return
-    if t.compile:
-        raise ValueError(f"{where}: trainer.compile applies to the hf backend; for trainer.backend: titan leave it "
-                         "false")
+    if t.compile or t.pack:
+        raise ValueError(f"{where}: trainer.compile and trainer.pack apply to the hf backend; for trainer.backend: "
+                         "titan leave them false")
     if importlib.util.find_spec("torchtitan") is None:
         raise ValueError(f"{where}: trainer.backend: titan needs torchtitan: pip install -e '.[titan]' "
                          "(or use trainer.backend: hf)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from forge_core.training.fused_head import head_logprobs
+from forge_core.training.packing import pack_sequences
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -35,49 +36,64 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: in
     return torch.cat(out, 0)
 
 
-def response_hidden(model, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor):
+def response_hidden(model, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+                    pack_pad_id: int | None = None):
     """(hidden states [B, T, H] predicting the tokens at `positions` [B, T], the LM head), or None when the model
     must be run whole (it picks positions itself, or is an FSDP2-sharded root that only gathers its own embedding
-    and head parameters inside its forward)."""
+    and head parameters inside its forward). With `pack_pad_id`, the rows run packed (forge_core.training.packing)."""
     if hasattr(model, "response_logits") or hasattr(model, "reshard"):
         return None
     decoder, head = getattr(model, "get_decoder", lambda: None)(), model.get_output_embeddings()
     # the fused path reads head.weight itself: a wrapped head (LoRA) or one with hooks must run as a module
     if decoder is None or type(head) is not torch.nn.Linear or head._forward_hooks or head._forward_pre_hooks:
         return None
+    return pick_positions(decoder, tokens, attention_mask, positions, pack_pad_id), head
+
+
+def pick_positions(run, tokens, attention_mask, positions, pack_pad_id: int | None = None) -> torch.Tensor:
+    """run(...)'s output [B, T, ·] at positions - 1 (what predicts each response token); run is a decoder (last
+    hidden state) or a whole model (logits). With `pack_pad_id` the rows are packed into as few as fit."""
     prev = (positions - 1).clamp(min=0)
-    hidden = decoder(input_ids=tokens, attention_mask=attention_mask).last_hidden_state
-    return hidden.gather(1, prev[..., None].expand(-1, -1, hidden.shape[-1])), head
+    if pack_pad_id is None:
+        out = run(input_ids=tokens, attention_mask=attention_mask)
+        out = out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
+        return out.gather(1, prev[..., None].expand(-1, -1, out.shape[-1]))
+    packed = pack_sequences(tokens, attention_mask, tokens.shape[1], pack_pad_id)
+    # no attention mask and no cache: HF builds the block-diagonal causal mask from the position ids
+    out = run(input_ids=packed.tokens, position_ids=packed.position_ids, use_cache=False)
+    out = out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
+    return out[packed.row[:, None], packed.columns(prev)]
 
 
-def response_logits(model, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def response_logits(model, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+                    pack_pad_id: int | None = None) -> torch.Tensor:
     """Logits [B, T, V] predicting the tokens at `positions` [B, T] (so computed at positions - 1).
 
     Only the response positions go through the LM head, so prompt positions cost no vocabulary projection.
     """
-    prev = (positions - 1).clamp(min=0)
     if hasattr(model, "response_logits"):  # a model that picks the positions itself (TitanCausalLM)
-        return model.response_logits(tokens, attention_mask, prev)
-    picked = response_hidden(model, tokens, attention_mask, positions)
+        return model.response_logits(tokens, attention_mask, (positions - 1).clamp(min=0))
+    picked = response_hidden(model, tokens, attention_mask, positions, pack_pad_id)
     if picked is None:
-        logits = model(input_ids=tokens, attention_mask=attention_mask).logits
-        return logits.gather(1, prev[..., None].expand(-1, -1, logits.shape[-1]))
+        return pick_positions(model, tokens, attention_mask, positions, pack_pad_id)
     hidden, head = picked
     return head(hidden)
 
 
 def sequence_logprobs(model, tokens, attention_mask, positions, temperature: float = 1.0,
-                      with_entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      with_entropy: bool = False, entropy_grad: bool = False,
+                      pack_pad_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [B, T], entropy [B, T] or None) of tokens[b, positions[b, t]] under `model` (inputs are moved to
     the model's device). Where the LM head can be run apart, it runs fused with the log-softmax in chunks of
-    positions (forge_core.training.fused_head): no [B, T, V] logits are kept for the backward."""
+    positions (forge_core.training.fused_head): no [B, T, V] logits are kept for the backward. With
+    `pack_pad_id` (trainer.pack) the rows run packed, without padding."""
     device = next(model.parameters()).device
     tokens, attention_mask, positions = tokens.to(device), attention_mask.to(device), positions.to(device)
     targets = tokens.gather(1, positions)
-    picked = response_hidden(model, tokens, attention_mask, positions)
+    picked = response_hidden(model, tokens, attention_mask, positions, pack_pad_id)
     if picked is not None:
         return head_logprobs(*picked, targets, temperature, with_entropy, entropy_grad)
-    logits = response_logits(model, tokens, attention_mask, positions)
+    logits = response_logits(model, tokens, attention_mask, positions, pack_pad_id)
     lp = gather_logprobs(logits, targets, temperature)
     ent = token_entropy(logits if entropy_grad else logits.detach(), temperature) if with_entropy else None
     return lp, ent

@@ -42,6 +42,7 @@ class TrainerSettings:
     # mixed precision: forward/backward under autocast to this dtype while the parameters, gradients and AdamW
     # state stay in the model's own dtype (fp32 master weights); None computes in the parameters' dtype
     compute_dtype: torch.dtype | None = None
+    pack: bool = False  # run each micro-batch's rows packed (no padding FLOPs; HF models)
 
     def validate(self) -> None:
         if self.lr <= 0 or not math.isfinite(self.lr):
@@ -106,7 +107,8 @@ class Trainer:
         with compute_precision(self.model, self.settings.compute_dtype):
             return sequence_logprobs(self.model, batch.tokens, batch.attention_mask, batch.positions,
                                      self.settings.temperature, with_entropy,
-                                     entropy_grad=self.settings.entropy_coef != 0)
+                                     entropy_grad=self.settings.entropy_coef != 0,
+                                     pack_pad_id=self.pad_id if self.settings.pack else None)
 
     @torch.no_grad()
     def proximal_logprobs(self, inputs: list[dict], padding_mask: torch.Tensor) -> torch.Tensor:
