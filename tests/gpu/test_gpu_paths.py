@@ -82,3 +82,40 @@ def test_vllm_adapter_against_a_real_engine(tmp_path):
     gen.load_weights_file(store.path_for(1), 1)
     want = TorchGenerator(other.cuda(), tok, GREEDY).generate(PROMPTS)
     assert [c[0].token_ids for c in gen.generate(PROMPTS)] == [c[0].token_ids for c in want]
+
+
+def test_decode_checks_for_finished_rows_every_k_steps_with_the_same_samples_on_cuda():
+    model, tok = load_model_and_tokenizer("tiny:qwen3-arith", seed=0)
+    model = model.cuda()
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    runs = [TorchGenerator(model, tok, params, check_every=k).generate(PROMPTS, n=4, seed=3) for k in (1, 8)]
+    assert [[c.token_ids for c in g] for g in runs[0]] == [[c.token_ids for c in g] for g in runs[1]]
+    # a prompt samples the same alone as in the batch (seed + its index), as on CPU
+    alone = TorchGenerator(model, tok, params).generate(PROMPTS[1:2], n=4, seed=4)
+    assert [c.token_ids for c in alone[0]] == [c.token_ids for c in runs[0][1]]
+
+
+def test_fused_head_packing_and_fused_adamw_on_cuda():
+    """bf16 autocast on CUDA: the chunked head and packed rows give the padded plain head's logprobs; AdamW fused."""
+    from forge_core.training.logprobs import gather_logprobs
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-arith", seed=0)
+    model = model.cuda()
+    rows = [tok(text, add_special_tokens=False)["input_ids"] for text in ("12+30=42", "7-5=2", "40+41=81")]
+    inputs = [{"tokens": torch.tensor(r)} for r in rows]
+    mask = torch.tensor([[True, True, True], [True, False, False], [True, True, False]])
+    got = {}
+    for pack in (False, True):
+        trainer = Trainer(model, get_loss("grpo"), TrainerSettings(compute_dtype=torch.bfloat16, pack=pack),
+                          tok.pad_token_id)
+        with torch.no_grad():
+            got[pack] = trainer.logprobs(inputs, mask)[0].float().cpu()
+    assert trainer.optimizer.defaults.get("fused") is True
+    batch = collate(inputs, mask, tok.pad_token_id)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        hidden = model.model(input_ids=batch.tokens.cuda(), attention_mask=batch.attention_mask.cuda()).last_hidden_state
+        prev = (batch.positions.cuda() - 1).clamp(min=0)
+        logits = model.lm_head(hidden.gather(1, prev[..., None].expand(-1, -1, hidden.shape[-1])))
+        want = gather_logprobs(logits, batch.tokens.cuda().gather(1, batch.positions.cuda())).cpu()
+    assert torch.allclose(got[False][mask], want[mask], atol=2e-2)
+    assert torch.allclose(got[True][mask], got[False][mask], atol=2e-2)

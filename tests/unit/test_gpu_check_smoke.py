@@ -15,4 +15,7 @@ def test_gpu_check_prints_its_table_and_result_line():
     assert any(line.startswith("train step") for line in lines)
     fields = dict(kv.split("=") for kv in lines[-1].split()[1:])
     assert lines[-1].startswith("RESULT ") and float(fields["gen_tok_s"]) > 0 and float(fields["train_tok_s"]) > 0
-    assert float(fields["sync_gb_s"]) > 0
+    assert float(fields["sync_gb_s"]) > 0 and float(fields["sync_colocated_ms"]) > 0
+    # every figure of the report is measured in the run: the HF baseline and the packed trainer too
+    assert float(fields["hf_static_tok_s"]) > 0 and float(fields["gen_vs_hf"]) > 0 and float(fields["pack_tok_s"]) > 0
+    assert any(line.startswith("generation (HF static cache)") for line in lines)
