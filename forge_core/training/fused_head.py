@@ -86,13 +86,22 @@ def head_chunk(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, dtyp
 
 
 def head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float = 1.0,
-                  with_entropy: bool = False, entropy_grad: bool = False,
+                  with_entropy: bool = False, entropy_grad: bool = False, mask: torch.Tensor | None = None,
                   chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [B, T], entropy [B, T] or None) of targets [B, T] given hidden states [B, T, H] before `head`;
-    entropy carries a gradient only with entropy_grad (an entropy bonus in the loss)."""
+    with `mask` [B, T] only those positions go through the head (the others read 0); entropy carries a gradient
+    only with entropy_grad (an entropy bonus in the loss)."""
     b, t, width = hidden.shape
-    lp, ent = ChunkedHeadLogprobs.apply(hidden.reshape(b * t, width), head.weight, head.bias, targets.reshape(-1),
-                                        float(temperature), chunk_tokens, with_entropy)
-    if not with_entropy:
-        return lp.view(b, t), None
-    return lp.view(b, t), (ent if entropy_grad else ent.detach()).view(b, t)
+    if mask is None:
+        flat_hidden, flat_targets = hidden.reshape(b * t, width), targets.reshape(-1)
+    else:
+        mask = mask.to(hidden.device).bool()
+        flat_hidden, flat_targets = hidden[mask], targets[mask]
+    lp, ent = ChunkedHeadLogprobs.apply(flat_hidden, head.weight, head.bias, flat_targets, float(temperature),
+                                        chunk_tokens, with_entropy)
+    if not entropy_grad:
+        ent = ent.detach()
+    if mask is None:
+        return lp.view(b, t), ent.view(b, t) if with_entropy else None
+    spread = lambda x: x.new_zeros(b, t).masked_scatter(mask, x)  # noqa: E731
+    return spread(lp), spread(ent) if with_entropy else None

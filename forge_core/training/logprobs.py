@@ -81,18 +81,19 @@ def response_logits(model, tokens: torch.Tensor, attention_mask: torch.Tensor, p
 
 
 def sequence_logprobs(model, tokens, attention_mask, positions, temperature: float = 1.0,
-                      with_entropy: bool = False, entropy_grad: bool = False,
-                      pack_pad_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      with_entropy: bool = False, entropy_grad: bool = False, pack_pad_id: int | None = None,
+                      response_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [B, T], entropy [B, T] or None) of tokens[b, positions[b, t]] under `model` (inputs are moved to
     the model's device). Where the LM head can be run apart, it runs fused with the log-softmax in chunks of
     positions (forge_core.training.fused_head): no [B, T, V] logits are kept for the backward. With
-    `pack_pad_id` (trainer.pack) the rows run packed, without padding."""
+    `pack_pad_id` (trainer.pack) the rows run packed, without padding; with `response_mask` [B, T] the fused head
+    skips padded response slots (they read 0)."""
     device = next(model.parameters()).device
     tokens, attention_mask, positions = tokens.to(device), attention_mask.to(device), positions.to(device)
     targets = tokens.gather(1, positions)
     picked = response_hidden(model, tokens, attention_mask, positions, pack_pad_id)
     if picked is not None:
-        return head_logprobs(*picked, targets, temperature, with_entropy, entropy_grad)
+        return head_logprobs(*picked, targets, temperature, with_entropy, entropy_grad, mask=response_mask)
     logits = response_logits(model, tokens, attention_mask, positions, pack_pad_id)
     lp = gather_logprobs(logits, targets, temperature)
     ent = token_entropy(logits if entropy_grad else logits.detach(), temperature) if with_entropy else None

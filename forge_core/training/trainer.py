@@ -108,7 +108,8 @@ class Trainer:
             return sequence_logprobs(self.model, batch.tokens, batch.attention_mask, batch.positions,
                                      self.settings.temperature, with_entropy,
                                      entropy_grad=self.settings.entropy_coef != 0,
-                                     pack_pad_id=self.pad_id if self.settings.pack else None)
+                                     pack_pad_id=self.pad_id if self.settings.pack else None,
+                                     response_mask=batch.response_mask)
 
     @torch.no_grad()
     def proximal_logprobs(self, inputs: list[dict], padding_mask: torch.Tensor) -> torch.Tensor:

@@ -87,3 +87,20 @@ def test_bf16_autocast_tracks_the_float32_head():
     want, _ = plain(hidden.detach(), head, targets, 1.0)
     assert lp.dtype == torch.float32 and head.weight.grad.dtype == torch.float32
     assert 0 < (lp - want).abs().max() < 0.1  # bf16 matmul: close, not equal
+
+
+def test_masked_positions_skip_the_head_and_keep_the_gradients():
+    g = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(8, 30, bias=False)
+    hidden = torch.randn(3, 5, 8, generator=g, requires_grad=True)
+    targets = torch.randint(30, (3, 5), generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    lp, ent = head_logprobs(hidden, head, targets, with_entropy=True, entropy_grad=True, mask=mask)
+    (lp.sum() + ent.sum()).backward()
+    got = hidden.grad.clone()
+    hidden.grad = None
+    full_lp, full_ent = head_logprobs(hidden, head, targets, with_entropy=True, entropy_grad=True)
+    ((full_lp * mask).sum() + (full_ent * mask).sum()).backward()
+    assert torch.equal(lp[~mask], torch.zeros(int((~mask).sum()))) and torch.allclose(lp[mask], full_lp[mask])
+    assert torch.allclose(ent[mask], full_ent[mask]) and torch.allclose(got, hidden.grad, atol=1e-6)
+    assert torch.equal(got[~mask], torch.zeros_like(got[~mask]))  # padded slots get no gradient
