@@ -107,7 +107,7 @@ class RewardConfig:
 
 @dataclass
 class WeightSyncConfig:
-    backend: str = "fs"  # fs | torchstore | broadcast
+    backend: str = "fs"  # fs | shared (one node, shared memory) | torchstore | broadcast
     root: str | None = None  # null = /dev/shm/forgeflow-<run_id> (one node); a shared path for several nodes
     keep: int = 2
     sync_every: int = 1  # publish to the generators every N steps (> 1 needs max_policy_age >= N)
@@ -243,7 +243,7 @@ CHOICES = {
     "ref_model.enabled": ("auto", "true", "false"),
     "launcher": ("local", "slurm", "inline"),
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "weightsync.backend": ("fs", "torchstore", "broadcast"),
+    "weightsync.backend": ("fs", "shared", "torchstore", "broadcast"),
     "rollout_correction.mode": MODES,
     "rollout_correction.level": LEVELS,
 }

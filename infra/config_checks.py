@@ -75,6 +75,10 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
         raise ValueError(f"{where}: generator.backend vllm reads weights from files, so weightsync.backend "
                          f"{cfg.weightsync.backend!r} cannot feed it: set weightsync.backend: fs (weightsync.root on "
                          "a filesystem the generator nodes share)")
+    if cfg.weightsync.backend == "shared" and cfg.launcher == "slurm" and cfg.slurm.nodes > 1:
+        raise ValueError(f"{where}: weightsync.backend shared is one node's shared memory, and slurm.nodes is "
+                         f"{cfg.slurm.nodes}: use weightsync.backend fs (weightsync.root on a shared filesystem) or "
+                         "broadcast across nodes")
     every = cfg.weightsync.sync_every
     if every > 1 and cfg.max_policy_age < every:
         # N - 1 versions between syncs, plus one more: a step's rollout is sampled while the previous step trains

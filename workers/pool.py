@@ -22,7 +22,7 @@ from pathlib import Path
 
 from infra.config import RunConfig, config_to_dict, redact_secrets
 from infra.launcher import make_executor
-from infra.weightsync import FSWeightStore, default_store_root
+from infra.weightsync import DIRECTORY_BACKENDS, default_store_root, open_weight_store
 from workers.client import WorkerClient
 from workers.entry import WorkerSpec, run_worker
 from workers.plan import RolePlan, check_capacity, plan_jobs, plan_roles, uses_gpu
@@ -84,8 +84,8 @@ class WorkerPool:
     def start(self) -> None:
         """Submit every role's jobs, then wait until each answers `health`."""
         self._touch_heartbeat()
-        if self.cfg.weightsync.backend == "fs":  # versions left by an earlier pool of this run are stale
-            FSWeightStore(self.store_root).clear()
+        if self.cfg.weightsync.backend in DIRECTORY_BACKENDS:  # versions left by an earlier pool are stale
+            open_weight_store(self.cfg.weightsync.backend, self.store_root).clear()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="pool-heartbeat").start()
         check_capacity(self.cfg, plan_jobs(self.cfg, self.with_reference))
         for plan in plan_roles(self.cfg, self.with_reference):
@@ -116,7 +116,7 @@ class WorkerPool:
                 self._stop_member(m, grace_s)
         self.members.clear()
         self._stop.set()
-        if self.cfg.weightsync.backend == "fs" and self.cfg.weightsync.root is None:
+        if self.cfg.weightsync.backend in DIRECTORY_BACKENDS and self.cfg.weightsync.root is None:
             shutil.rmtree(self.store_root, ignore_errors=True)  # RAM-backed and rebuilt on restore: free it
 
     # ---- routing ----

@@ -1,5 +1,6 @@
-"""Weight store: the trainer publishes policy version v, generators fetch it (`fs` default, `torchstore` optional;
-`broadcast` is a process group the WorkerPool forms between live workers, see broadcast.py)."""
+"""Weight store: the trainer publishes policy version v, generators fetch it (`fs` default; `shared`: one node's
+shared-memory slots, no serialization; `torchstore` optional; `broadcast` is a process group the WorkerPool forms
+between live workers, see broadcast.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import os
 from pathlib import Path
 
 from infra.weightsync.fs import FSWeightStore
+from infra.weightsync.shared import SharedWeightStore
 
-BACKENDS = ("fs", "torchstore", "broadcast")
+BACKENDS = ("fs", "shared", "torchstore", "broadcast")
+DIRECTORY_BACKENDS = ("fs", "shared")  # stores under weightsync.root (default /dev/shm/forgeflow-<run>)
 
 
 def default_store_root(run_id: str) -> Path:
@@ -22,11 +25,13 @@ def default_store_root(run_id: str) -> Path:
 
 
 def open_weight_store(backend: str = "fs", root: str | Path | None = None, keep: int = 2):
-    """The weight store for `backend`; `root` is required for fs."""
+    """The weight store for `backend`; `root` is required for fs and shared."""
+    if backend in DIRECTORY_BACKENDS and root is None:
+        raise ValueError(f"weightsync.backend={backend} needs a root directory (weightsync.root)")
     if backend == "fs":
-        if root is None:
-            raise ValueError("weightsync.backend=fs needs a root directory (weightsync.root)")
         return FSWeightStore(root, keep=keep)
+    if backend == "shared":
+        return SharedWeightStore(root, keep=keep)
     if backend == "torchstore":
         from infra.weightsync.torchstore_backend import TorchStoreWeightStore
 
@@ -37,4 +42,5 @@ def open_weight_store(backend: str = "fs", root: str | Path | None = None, keep:
     raise ValueError(f"unknown weightsync.backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "FSWeightStore", "default_store_root", "open_weight_store"]
+__all__ = ["BACKENDS", "DIRECTORY_BACKENDS", "FSWeightStore", "SharedWeightStore", "default_store_root",
+           "open_weight_store"]

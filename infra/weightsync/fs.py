@@ -44,7 +44,7 @@ class FSWeightStore:
         tmp = final.with_suffix(f".tmp{os.getpid()}")
         write_safetensors(tensors, tmp, {"policy_version": str(version), "aliases": json.dumps(aliases)})
         os.replace(tmp, final)
-        _write_atomic(self.root / "LATEST", str(version))
+        write_text_atomic(self.root / "LATEST", str(version))
         self.collect_garbage(current=version)
         return final
 
@@ -156,7 +156,8 @@ def _host_bytes(t: torch.Tensor, staging: torch.Tensor | None) -> torch.Tensor:
     return host
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that readers see the old or the new content, never a part."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)

@@ -1,5 +1,7 @@
 """Generator and reward replicas work at the same time, and a split batch is the batch one worker would make."""
 
+from pathlib import Path
+
 import pytest
 
 from tests.integration.pool_helpers import tiny_config, tiny_splits
@@ -60,3 +62,16 @@ def test_split_evaluation_counts_like_one_generator(pool):
     for key in ("eval/accuracy", "eval/sampled_accuracy"):
         assert split[key] == one[key]
     assert all("evaluate" in h["last_calls"] for h in p.health()["generator"])
+
+
+def test_shared_memory_weight_store_feeds_both_replicas(tmp_path):
+    from tests.integration.pool_helpers import run_pool_iteration
+
+    cfg = tiny_config("local", **{"generator.num_replicas": 2, "weightsync.backend": "shared"})
+    with WorkerPool(cfg, tmp_path / "shared-run") as p:
+        splits = tiny_splits(cfg)
+        for step in range(2):
+            assert run_pool_iteration(p, splits, 4, 2, step=step)["policy_version"] == step + 1
+        assert [h["policy_version"] for h in p.health()["generator"]] == [2, 2]
+        assert {path.name for path in Path(p.store_root).iterdir()} >= {"slot-0.bin", "slot-1.bin", "LATEST"}
+    assert not Path(p.store_root).exists()  # RAM-backed: freed with the pool
