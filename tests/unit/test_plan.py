@@ -56,7 +56,7 @@ def test_impossible_layouts_name_the_fix():
     assert load_config("configs/grpo_math_tiny.yaml", {"weightsync.sync_every": 4, "max_policy_age": 4})
     with pytest.raises(ValueError, match="weightsync.backend 'broadcast' cannot feed it: set weightsync.backend: fs"):
         load_config("configs/grpo_qwen3_1_7b_gsm8k.yaml", {"weightsync.backend": "broadcast"})
-    with pytest.raises(ValueError, match=r"weightsync.backend = 'nccl' is not one of \['fs', 'torchstore', 'broadc"):
+    with pytest.raises(ValueError, match=r"weightsync.backend = 'nccl' is not one of \['fs', 'shared', 'torchstore', 'broadc"):
         load_config("configs/grpo_math_tiny.yaml", {"weightsync.backend": "nccl"})
 
 

@@ -45,7 +45,7 @@ def test_empty_store_and_bad_arguments(tmp_path):
         FSWeightStore(tmp_path).fetch()
     with pytest.raises(ValueError, match="keep"):
         FSWeightStore(tmp_path, keep=0)
-    with pytest.raises(ValueError, match="fs, torchstore, broadcast"):
+    with pytest.raises(ValueError, match="fs, shared, torchstore, broadcast"):
         open_weight_store("nccl", tmp_path)
     with pytest.raises(ValueError, match="start the workers through WorkerPool"):
         open_weight_store("broadcast", tmp_path)
