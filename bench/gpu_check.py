@@ -83,6 +83,10 @@ def measure_generation(model, tok, prompts, n, new_tokens, repeats: int) -> dict
         time_ours(gen, prompts[:2], 4)  # warm-up
         ours = min(timed_ours(gen, prompts, n, new_tokens) for _ in range(repeats))
         out = {"ours": len(rows) * new_tokens / ours}
+        if gen.device.type == "cuda":  # what the CUDA graphs of the decode step are worth
+            eager = TorchGenerator(model, tok, gen.params, cuda_graphs=False)
+            out["ours_eager"] = len(rows) * new_tokens / min(timed_ours(eager, prompts, n, new_tokens)
+                                                             for _ in range(repeats))
         for cache in ("dynamic", "static"):
             time_hf(model, tok, rows, new_tokens, cache)  # warm-up (static: HF compiles on CUDA)
             out[cache] = len(rows) * new_tokens / min(time_hf(model, tok, rows, new_tokens, cache)
@@ -235,6 +239,7 @@ def main() -> None:
     rows = [("device", name), ("model", f"{args.shape} ({params / 1e6:.0f}M params, {dtype})"),
             ("generation (TorchGenerator)", f"{gen['ours']:,.0f} tokens/s ({len(prompts)} prompts x {n}, "
                                             f"{new_tokens} new, EOS masked)"),
+            ("generation (no CUDA graphs)", f"{gen['ours_eager']:,.0f} tokens/s" if "ours_eager" in gen else "n/a"),
             ("generation (HF dynamic cache)", f"{gen['dynamic']:,.0f} tokens/s"),
             ("generation (HF static cache)", f"{gen['static']:,.0f} tokens/s"),
             ("TorchGenerator / best HF", f"{gen['ours'] / best_hf:.2f}x"),

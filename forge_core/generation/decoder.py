@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+LENGTH_BUCKET = 64  # fixed-shape decode attends over the cache up to the next multiple of this
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -22,11 +23,17 @@ class StaticCacheDecoder:
     Reuses the model's parameters (no copy), so weights loaded into the model are used on the next call.
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, fixed_shapes: bool = False, cuda_graphs: bool = False,
+                 length_bucket: int | None = None) -> None:
         cfg = model.config
         if cfg.model_type not in FAST_MODEL_TYPES:
             raise ValueError(f"StaticCacheDecoder supports {FAST_MODEL_TYPES}, not {cfg.model_type!r}")
         self.model = model
+        # fixed shapes: a decode step writes the cache at a position held on the device and attends over the cache
+        # up to a multiple of length_bucket, so its shapes repeat and it can be captured as a CUDA graph
+        self.fixed_shapes = fixed_shapes or cuda_graphs
+        self.graphs = DecodeGraphs(self) if cuda_graphs else None
+        self.length_bucket = length_bucket or LENGTH_BUCKET
         self.base = model.model
         self.num_heads = cfg.num_attention_heads
         self.num_kv = cfg.num_key_value_heads or cfg.num_attention_heads
@@ -45,8 +52,10 @@ class StaticCacheDecoder:
         scale = getattr(rotary, "attention_scaling", 1.0)
         return (emb.cos() * scale).to(dtype)[:, None], (emb.sin() * scale).to(dtype)[:, None]
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
-        """Run ids [B, S] at cache offset self.length; attn_mask [B, 1, S, length+S]; returns last logits [B, V]."""
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor,
+                write_at: torch.Tensor | None = None, kv_len: int | None = None) -> torch.Tensor:
+        """Run ids [B, S] at cache offset self.length (or, fixed shapes, at the device position `write_at` [1]
+        attending over the first kv_len slots); attn_mask [B, 1, S, keys]; returns last logits [B, V]."""
         b, s = ids.shape
         h = self.base.embed_tokens(ids)
         cos, sin = self.rope(positions, h.dtype)
@@ -62,15 +71,20 @@ class StaticCacheDecoder:
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            self.k_cache[i, :, :, start:end] = k
-            self.v_cache[i, :, :, start:end] = v
-            out = F.scaled_dot_product_attention(
-                q, self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end], attn_mask=attn_mask,
-                scale=attn.scaling, enable_gqa=self.num_kv != self.num_heads,
-            )
+            if write_at is None:
+                self.k_cache[i, :, :, start:end] = k
+                self.v_cache[i, :, :, start:end] = v
+                keys, values = self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end]
+            else:
+                self.k_cache[i].index_copy_(2, write_at, k)
+                self.v_cache[i].index_copy_(2, write_at, v)
+                keys, values = self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=attn.scaling,
+                                                 enable_gqa=self.num_kv != self.num_heads)
             h = h + attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        self.length = end
+        if write_at is None:
+            self.length = end
         return self.model.lm_head(self.base.norm(h[:, -1]))
 
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, repeat: int) -> torch.Tensor:
@@ -96,15 +110,36 @@ class StaticCacheDecoder:
         self.key_valid = torch.zeros(valid.shape[0], total, dtype=torch.bool, device=ids.device)
         self.key_valid[:, :p] = valid
         self.next_position = valid.long().sum(-1)
+        self.write_at = torch.full((1,), p, dtype=torch.long, device=ids.device)  # fixed shapes: the next slot
+        if self.graphs is not None:
+            self.graphs.clear()  # they hold the previous chunk's buffers
         return logits
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append one token per row [B]; returns next logits [B, V]."""
-        self.key_valid[:, self.length] = True
-        mask = self.key_valid[:, None, None, : self.length + 1]
-        logits = self.forward(tokens[:, None], self.next_position[:, None], mask)
-        self.next_position = self.next_position + 1
+        if not self.fixed_shapes:
+            self.key_valid[:, self.length] = True
+            mask = self.key_valid[:, None, None, : self.length + 1]
+            logits = self.forward(tokens[:, None], self.next_position[:, None], mask)
+        else:
+            kv_len = min(self.k_cache.shape[3], -(-(self.length + 1) // self.length_bucket) * self.length_bucket)
+            logits = self.graphs.run(tokens, kv_len) if self.graphs is not None else self.step(tokens, kv_len)
+            self.length += 1
+            self.write_at.add_(1)
+        self.next_position.add_(1)  # in place: a captured graph reads it where it is
         return logits
+
+    def step(self, tokens: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """One fixed-shape decode step (what a CUDA graph captures): cache written at self.write_at, attention over
+        the first kv_len slots, device state only."""
+        self.key_valid.index_fill_(1, self.write_at, True)
+        mask = self.key_valid[:, None, None, :kv_len]
+        return self.forward(tokens[:, None], self.next_position[:, None], mask, self.write_at, kv_len)
+
+    def should_compact(self, live: int, rows: int) -> bool:
+        """Whether to drop finished rows now: always, except with CUDA graphs (a new batch size is a new capture),
+        where only once half the rows are done."""
+        return self.graphs is None or live <= rows // 2
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only `rows` of the batch (drop finished sequences so they cost nothing)."""
@@ -112,6 +147,48 @@ class StaticCacheDecoder:
         self.v_cache = self.v_cache[:, rows]
         self.key_valid = self.key_valid[rows]
         self.next_position = self.next_position[rows]
+        if self.graphs is not None:
+            self.graphs.clear()
+
+
+class DecodeGraphs:
+    """CUDA graphs of StaticCacheDecoder.step, one per (batch size, attended length), captured on first use: a decode
+    step becomes one graph launch instead of hundreds of kernel launches. They read the decoder's buffers where
+    they are, so weights loaded in place keep them valid; a new chunk or a compaction (new buffers) clears them."""
+
+    def __init__(self, decoder: StaticCacheDecoder) -> None:
+        self.decoder = decoder
+        self.entries: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.pool = None
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def run(self, tokens: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """The step's logits [B, V] (a buffer the next replay overwrites)."""
+        key = (tokens.shape[0], kv_len)
+        if key not in self.entries:
+            self.entries[key] = self.capture(tokens, kv_len)
+        graph, static_tokens, logits = self.entries[key]
+        static_tokens.copy_(tokens)
+        graph.replay()
+        return logits
+
+    def capture(self, tokens: torch.Tensor, kv_len: int):
+        # warm-up and capture run the step at the current slot with these tokens: the replay that follows writes
+        # the same slot again, so nothing they leave behind survives
+        static_tokens = tokens.clone()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device=tokens.device)
+        stream.wait_stream(torch.cuda.current_stream(tokens.device))
+        with torch.cuda.stream(stream):
+            self.decoder.step(static_tokens, kv_len)
+        torch.cuda.current_stream(tokens.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self.decoder.step(static_tokens, kv_len)
+        return graph, static_tokens, logits
 
 
 class HFCacheDecoder:
@@ -146,8 +223,9 @@ class HFCacheDecoder:
 
 
 
-def make_decoder(model, prefer_fast: bool = True):
-    """The fastest decoder that supports this model."""
+def make_decoder(model, prefer_fast: bool = True, cuda_graphs: bool = False, fixed_shapes: bool = False):
+    """The fastest decoder that supports this model (CUDA graphs of the decode step when asked and on CUDA)."""
     if prefer_fast and getattr(model.config, "model_type", None) in FAST_MODEL_TYPES:
-        return StaticCacheDecoder(model)
+        on_cuda = next(model.parameters()).is_cuda
+        return StaticCacheDecoder(model, fixed_shapes=fixed_shapes, cuda_graphs=cuda_graphs and on_cuda)
     return HFCacheDecoder(model)

@@ -17,7 +17,8 @@ class TorchGenerator:
     """Generates with a HF causal LM in this process; `policy_version` is stamped on every completion."""
 
     def __init__(self, model, tokenizer, params: SamplingParams | None = None, max_batch: int = 512,
-                 prefer_fast: bool = True, check_every: int = 0) -> None:
+                 prefer_fast: bool = True, check_every: int = 0, cuda_graphs: bool | None = None,
+                 fixed_shapes: bool = False) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs pad and eos tokens (set tokenizer.pad_token = tokenizer.eos_token)")
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -25,6 +26,9 @@ class TorchGenerator:
         self.params.validate()
         self.max_batch, self.prefer_fast = max_batch, prefer_fast
         self.check_every = check_every  # decode steps between looks for finished rows; 0: 1 on CPU, 8 on CUDA
+        # CUDA graphs of the decode step (None: on when the model is on CUDA); fixed_shapes runs the graph's
+        # fixed-shape step without capturing it (what CPU tests check)
+        self.cuda_graphs, self.fixed_shapes = cuda_graphs, fixed_shapes
         self.policy_version = 0
 
     @property
@@ -76,7 +80,8 @@ class TorchGenerator:
         ids, mask = self.encode_prompts(prompts)
         device = self.device
         ids, mask = ids.to(device), mask.to(device)
-        decoder = make_decoder(self.model, self.prefer_fast)
+        graphs = device.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
+        decoder = make_decoder(self.model, self.prefer_fast, cuda_graphs=graphs, fixed_shapes=self.fixed_shapes)
         logits = decoder.prefill(ids, mask, params.max_new_tokens, n)
         batch, steps = logits.shape[0], params.max_new_tokens
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
@@ -103,7 +108,7 @@ class TorchGenerator:
                 live = int(alive.sum())  # the only host synchronisation of the loop
                 if live == 0:
                     break
-                if live < len(alive) and decoder.supports_select:
+                if live < len(alive) and decoder.supports_select and decoder.should_compact(live, len(alive)):
                     keep = alive.nonzero().squeeze(-1)
                     decoder.select(keep)
                     rows, keys, alive, next_tokens = rows[keep], keys[keep], alive[keep], next_tokens[keep]
