@@ -66,15 +66,21 @@ class TorchGenerator:
             raise ValueError(f"prompt_keys has {len(keys)} entries for {len(prompts)} prompts; give one per prompt")
         if seed is None:
             seed = int(torch.randint(2**31 - 1, ()).item())
-        row_keys = stream_keys(seed, keys, n)
         per_chunk = max(1, self.max_batch // n)
-        out: list[list[Completion]] = []
+        # chunks of prompts of similar length (less left padding); the keyed streams make the order irrelevant
+        order = sorted(range(len(prompts)), key=lambda i: len(self.tokenizer(prompts[i], add_special_tokens=False)
+                                                                ["input_ids"]))
+        out: list[list[Completion]] = [None] * len(prompts)  # type: ignore[list-item]
         for start in range(0, len(prompts), per_chunk):
-            chunk = prompts[start:start + per_chunk]
-            out.extend(self.generate_chunk(chunk, n, params, row_keys[start * n:(start + len(chunk)) * n]))
+            chunk = order[start:start + per_chunk]
+            groups = self.generate_chunk([prompts[i] for i in chunk], n, params,
+                                         stream_keys(seed, [keys[i] for i in chunk], n), chunk)
+            for i, group in zip(chunk, groups, strict=True):
+                out[i] = group
         return out
 
-    def generate_chunk(self, prompts, n, params, row_keys: list[int]) -> list[list[Completion]]:
+    def generate_chunk(self, prompts, n, params, row_keys: list[int],
+                       prompt_indices: list[int] | None = None) -> list[list[Completion]]:
         """One batch of len(prompts) * n rows; finished rows are found on the host every `check_every` steps
         only (one synchronisation), then dropped from the decoder."""
         ids, mask = self.encode_prompts(prompts)
@@ -113,12 +119,13 @@ class TorchGenerator:
                     decoder.select(keep)
                     rows, keys, alive, next_tokens = rows[keep], keys[keep], alive[keep], next_tokens[keep]
             logits = decoder.decode(next_tokens)
-        return self.package(tokens.cpu(), logprobs.cpu(), lengths.cpu(), len(prompts), n, eos)
+        return self.package(tokens.cpu(), logprobs.cpu(), lengths.cpu(), prompt_indices or range(len(prompts)), n,
+                            eos)
 
-    def package(self, tokens, logprobs, lengths, num_prompts, n, eos) -> list[list[Completion]]:
-        """Turn padded [B, T] results into Completions grouped by prompt."""
+    def package(self, tokens, logprobs, lengths, prompt_indices, n, eos) -> list[list[Completion]]:
+        """Turn padded [B, T] results into Completions grouped by prompt (metadata: its index in the call)."""
         groups: list[list[Completion]] = []
-        for p in range(num_prompts):
+        for p, index in enumerate(prompt_indices):
             group = []
             for j in range(n):
                 row = p * n + j
@@ -128,7 +135,7 @@ class TorchGenerator:
                 group.append(Completion(
                     text=self.tokenizer.decode(ids, skip_special_tokens=True),
                     token_ids=ids, logprobs=logprobs[row, :length].tolist(),
-                    metadata={"prompt_index": p, "sample_index": j}, policy_version=self.policy_version,
+                    metadata={"prompt_index": index, "sample_index": j}, policy_version=self.policy_version,
                     stop_reason=stop,
                 ))
             groups.append(group)

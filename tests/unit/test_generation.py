@@ -212,3 +212,18 @@ def test_fixed_shape_decode_step_samples_what_the_sliced_one_does(model_and_tok,
     assert len({len(c.token_ids) for g in fixed for c in g}) > 1  # rows were dropped along the way
     for a, b in zip(flatten(fixed), flatten(sliced)):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_chunks_hold_prompts_of_similar_length_and_results_keep_the_call_order(model_and_tok, monkeypatch):
+    model, tok = model_and_tok
+    prompts = ["1+1=", "Q: 12+34+56+78=", "3=", "Q: 99-100=-", "45+6=", "Q: 1+2+3+4+5+6="]
+    gen = TorchGenerator(model, tok, SamplingParams(temperature=1.0, max_new_tokens=4), max_batch=4)
+    chunks = []
+    run_chunk = gen.generate_chunk
+    monkeypatch.setattr(gen, "generate_chunk", lambda ps, *a: chunks.append([len(p) for p in ps]) or run_chunk(ps, *a))
+    out = gen.generate(prompts, n=2, seed=4)
+    assert chunks == [[2, 4], [5, 11], [15, 15]]  # by tokenized length (one character, one token here)
+    assert [c.metadata["prompt_index"] for g in out for c in g] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    monkeypatch.undo()
+    alone = [gen.generate([p], n=2, seed=4 + i)[0] for i, p in enumerate(prompts)]
+    assert [[c.token_ids for c in g] for g in out] == [[c.token_ids for c in g] for g in alone]
