@@ -5,8 +5,8 @@ this run:
   same model and batch, EOS masked so every row makes the same number of tokens (vLLM too when installed); the
   decode ceiling (weights + KV cache read once per step at the device's bandwidth) for scale;
 - training: tokens/s, MFU (6·params·tokens, attention FLOPs not counted) and peak memory of a GRPO step, fp32
-  masters under bf16 autocast, responses of mixed lengths; padded and packed (`trainer.pack`), and with
-  `--compile` per-layer torch.compile;
+  masters under bf16 autocast, responses of mixed lengths; padded and packed (`trainer.pack`), with `--compile`
+  per-layer torch.compile, and the titan backend when torchtitan is installed;
 - weight sync until the generator's weights are usable: the fs store (publish + fetch + copy into the generator's
   parameters, every byte read) and the colocated copy (trainer parameters straight into the generator's).
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import os
 import tempfile
 import time
@@ -147,14 +148,18 @@ def rl_batch(vocab: int, batch: int, prompt_len: int, resp_len: int) -> list[Epi
     return episodes
 
 
-def measure_training(model, tok, episodes, steps: int, device, pack: bool = False,
-                     compile_layers: bool = False) -> tuple[float, float | None]:
+def measure_training(model, tok, episodes, steps: int, device, pack: bool = False, compile_layers: bool = False,
+                     titan: bool = False) -> tuple[float, float | None]:
     """(real tokens/s, peak GB) of GRPO train steps as forgeflow trains: fp32 master weights and AdamW state,
-    compute in the model's (generation) dtype."""
+    compute in the model's (generation) dtype; `titan`: torchtitan's definition of the same weights."""
     from forge_core.training.speed import prepare_for_training
 
     compute = None if model.dtype == torch.float32 else model.dtype
     master = prepare_for_training(copy.deepcopy(model).float(), compile_layers=compile_layers)
+    if titan:
+        from forge_core.models.titan import titan_from_hf
+
+        master = titan_from_hf(master)
     trainer = Trainer(master, get_loss("grpo"),
                       TrainerSettings(lr=1e-6, micro_batch_size=max(1, len(episodes) // 4), compute_dtype=compute,
                                       pack=pack), tok.pad_token_id)
@@ -232,6 +237,8 @@ def main() -> None:
              "packed": measure_training(model, tok, episodes, steps, device, pack=True)}
     if args.compile:
         train["compiled"] = measure_training(model, tok, episodes, steps, device, compile_layers=True)
+    if importlib.util.find_spec("torchtitan") is not None:
+        train["titan"] = measure_training(model, tok, episodes, steps, device, titan=True)
     sync_s = measure_sync(model, device)
     gb = sync_s["bytes"] / 1e9
 
