@@ -26,11 +26,7 @@ class FSWeightStore:
     """Versioned `publish(version, state_dict)` / `fetch(version)` under `root`, keeping the newest `keep`."""
 
     def __init__(self, root: str | Path, keep: int = 2):
-        if keep < 1:
-            raise ValueError(f"weight store keep={keep}: keep at least 1 version (set weightsync.keep >= 1)")
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.keep = keep
+        self.root, self.keep = store_directory(root, keep), keep
 
     def path_for(self, version: int) -> Path:
         return self.root / f"v{version:08d}.safetensors"
@@ -120,16 +116,10 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: di
     """Write a safetensors file streaming each tensor's bytes straight from its memory (safetensors' save_file first
     builds the whole file in one bytes object: a second copy of the model, at half the speed). GPU tensors are
     staged through one pinned host buffer."""
+    layout, _ = byte_layout(tensors)
     header: dict = {"__metadata__": metadata}
-    offset = 0
-    for name, t in tensors.items():
-        if t.dtype not in SAFETENSORS_DTYPES:
-            raise ValueError(f"weight {name!r} has dtype {t.dtype}, which the weight store cannot write "
-                             f"(supported: {', '.join(str(d) for d in SAFETENSORS_DTYPES)})")
-        size = t.numel() * t.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
+    for name, (dtype, shape, offset, size) in layout.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
     staging = _pinned_staging(tensors)
@@ -138,6 +128,29 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: di
         f.write(encoded)
         for t in tensors.values():
             f.write(memoryview(_host_bytes(t, staging).numpy()))
+
+
+def store_directory(root: str | Path, keep: int) -> Path:
+    """The store's directory (created), after checking `keep`."""
+    if keep < 1:
+        raise ValueError(f"weight store keep={keep}: keep at least 1 version (set weightsync.keep >= 1)")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def byte_layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, list], int]:
+    """{name: [safetensors dtype, shape, byte offset, bytes]} of the tensors laid end to end, and the total bytes;
+    ValueError naming a tensor of a dtype the stores cannot hold."""
+    layout, offset = {}, 0
+    for name, t in tensors.items():
+        if t.dtype not in SAFETENSORS_DTYPES:
+            raise ValueError(f"weight {name!r} has dtype {t.dtype}, which the weight store cannot hold "
+                             f"(supported: {', '.join(str(d) for d in SAFETENSORS_DTYPES)})")
+        size = t.numel() * t.element_size()
+        layout[name] = [SAFETENSORS_DTYPES[t.dtype], list(t.shape), offset, size]
+        offset += size
+    return layout, offset
 
 
 def _pinned_staging(tensors: dict[str, torch.Tensor]) -> torch.Tensor | None:

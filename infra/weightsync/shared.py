@@ -19,7 +19,13 @@ from pathlib import Path
 
 import torch
 
-from infra.weightsync.fs import SAFETENSORS_DTYPES, split_aliases, write_text_atomic
+from infra.weightsync.fs import (
+    SAFETENSORS_DTYPES,
+    byte_layout,
+    split_aliases,
+    store_directory,
+    write_text_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +36,7 @@ class SharedWeightStore:
     """`publish(version, state_dict)` / `fetch(version)` through `keep` shared-memory slots under `root`."""
 
     def __init__(self, root: str | Path, keep: int = 2):
-        if keep < 1:
-            raise ValueError(f"weight store keep={keep}: keep at least 1 version (set weightsync.keep >= 1)")
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.keep = keep
+        self.root, self.keep = store_directory(root, keep), keep
         self._maps: dict[int, tuple[tuple[int, int], mmap.mmap, torch.Tensor]] = {}  # slot -> (inode, size), map
 
     def slot_of(self, version: int) -> int:
@@ -45,14 +47,7 @@ class SharedWeightStore:
         if version < 0:
             raise ValueError(f"policy version must be >= 0, got {version}")
         tensors, aliases = split_aliases({k: v.detach() for k, v in state_dict.items()})
-        layout, total = {}, 0
-        for name, t in tensors.items():
-            if t.dtype not in SAFETENSORS_DTYPES:
-                raise ValueError(f"weight {name!r} has dtype {t.dtype}, which the weight store cannot hold "
-                                 f"(supported: {', '.join(str(d) for d in SAFETENSORS_DTYPES)})")
-            size = t.numel() * t.element_size()
-            layout[name] = [SAFETENSORS_DTYPES[t.dtype], list(t.shape), total, size]
-            total += size
+        layout, total = byte_layout(tensors)
         slot = self.slot_of(version)
         self._write_header(slot, {"version": version, "state": "writing"})
         data = self._mapping(slot, total, create=True)
