@@ -55,6 +55,7 @@ class GeneratorConfig(SamplingParams):
     backend: str = "torch"  # torch | vllm
     procs: int = 1
     num_replicas: int = 1
+    cuda_graphs: bool = True  # torch backend on CUDA: the decode step as CUDA graphs (false: eager decode)
 
 
 @dataclass

@@ -31,7 +31,8 @@ class GeneratorWorker(Worker):
         else:
             model, tok = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed, dtype=dtype_of(cfg))
             self.generator = TorchGenerator(model.to(worker_device(cfg, self.role)).eval(), tok,
-                                            C.sampling_params(cfg))
+                                            C.sampling_params(cfg),
+                                            cuda_graphs=None if cfg.generator.cuda_graphs else False)
         self.store = store
         self.pinned_version_misses = 0
 

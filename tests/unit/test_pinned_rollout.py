@@ -21,3 +21,10 @@ def test_missing_pinned_version_is_loud_and_counted(tmp_path, caplog):
     assert rollout_metrics(groups, 5, 1.0)["rollout/pinned_version_misses"] == 4.0
     exact = worker.rollout(splits.train[:2], splits.train_prompts[:2], 2, seed=0)  # unpinned: nothing to miss
     assert rollout_metrics(exact, 0, 1.0)["rollout/pinned_version_misses"] == 0.0
+
+
+def test_generator_cuda_graphs_follow_the_config():
+    on = GeneratorWorker(tiny_config("inline"), threads=1)
+    off = GeneratorWorker(tiny_config("inline", **{"generator.cuda_graphs": False}), threads=1)
+    assert on.generator.cuda_graphs is None  # auto: graphs where the model is on CUDA
+    assert off.generator.cuda_graphs is False
