@@ -39,9 +39,8 @@ def remote_rollout(pool, problems: Sequence[Problem], prompts: Sequence[str], gr
     do not depend on the number of replicas. `version` pins the policy version (a generator holding another one
     loads it first)."""
     replicas = len(pool.clients("generator"))
-    keys = list(range(len(problems)))
-    shards = {i: (list(problems[i::replicas]), list(prompts[i::replicas]), group_size, seed, version, keys[i::replicas])
-              for i in range(min(replicas, len(problems)))}
+    shards = {i: (probs, prs, group_size, seed, version, keys)
+              for i, (probs, prs, keys) in round_robin(problems, prompts, replicas).items()}
     results = pool.call_each("generator", "rollout", shards)
     groups: list[Group] = [None] * len(problems)  # type: ignore[list-item]
     for i, part in results.items():  # interleave back into the prompts' order
@@ -49,14 +48,20 @@ def remote_rollout(pool, problems: Sequence[Problem], prompts: Sequence[str], gr
     return groups
 
 
+def round_robin(problems: Sequence[Problem], prompts: Sequence[str], replicas: int) -> dict[int, tuple]:
+    """{replica: (its problems, prompts, their indices in the call)}: item i goes to replica i % replicas (replicas
+    with nothing to do are left out); the indices are the prompt keys that seed each prompt as one generator would."""
+    keys = list(range(len(problems)))
+    return {i: (list(problems[i::replicas]), list(prompts[i::replicas]), keys[i::replicas])
+            for i in range(min(replicas, len(problems)))}
+
+
 def remote_evaluate(pool, problems: Sequence[Problem], prompts: Sequence[str], samples: int) -> dict[str, float]:
     """Held-out accuracy with the prompts split over the generator replicas, evaluated at the same time; the
     accuracies are those of one generator evaluating them all (counts are summed, not means averaged)."""
     t0 = time.perf_counter()
-    replicas = len(pool.clients("generator"))
-    keys = list(range(len(problems)))
-    shards = {i: (list(problems[i::replicas]), list(prompts[i::replicas]), samples, keys[i::replicas])
-              for i in range(min(replicas, len(problems)))}
+    shards = {i: (probs, prs, samples, keys)
+              for i, (probs, prs, keys) in round_robin(problems, prompts, len(pool.clients("generator"))).items()}
     results = pool.call_each("generator", "evaluate", shards)
     metrics = {"eval/accuracy": sum_rates(results, "eval/accuracy", shards, 1) / len(problems)}
     if samples:

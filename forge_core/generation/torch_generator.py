@@ -40,11 +40,15 @@ class TorchGenerator:
         self.model.load_state_dict(state_dict)
         self.policy_version = version
 
-    def encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded ids and attention mask [B, P]."""
+    def tokenize(self, prompts: list[str]) -> list[list[int]]:
+        """Each prompt's token ids (no special tokens); ValueError for a prompt with none."""
         rows = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         if any(len(r) == 0 for r in rows):
             raise ValueError("empty prompt after tokenization; every prompt needs at least one token")
+        return rows
+
+    def encode_prompts(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded ids and attention mask [B, P] of token rows."""
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -68,22 +72,22 @@ class TorchGenerator:
             seed = int(torch.randint(2**31 - 1, ()).item())
         per_chunk = max(1, self.max_batch // n)
         # chunks of prompts of similar length (less left padding); the keyed streams make the order irrelevant
-        order = sorted(range(len(prompts)), key=lambda i: len(self.tokenizer(prompts[i], add_special_tokens=False)
-                                                                ["input_ids"]))
+        rows = self.tokenize(prompts)
+        order = sorted(range(len(prompts)), key=lambda i: len(rows[i]))
         out: list[list[Completion]] = [None] * len(prompts)  # type: ignore[list-item]
         for start in range(0, len(prompts), per_chunk):
             chunk = order[start:start + per_chunk]
-            groups = self.generate_chunk([prompts[i] for i in chunk], n, params,
+            groups = self.generate_chunk([rows[i] for i in chunk], n, params,
                                          stream_keys(seed, [keys[i] for i in chunk], n), chunk)
             for i, group in zip(chunk, groups, strict=True):
                 out[i] = group
         return out
 
-    def generate_chunk(self, prompts, n, params, row_keys: list[int],
+    def generate_chunk(self, prompt_rows: list[list[int]], n, params, row_keys: list[int],
                        prompt_indices: list[int] | None = None) -> list[list[Completion]]:
-        """One batch of len(prompts) * n rows; finished rows are found on the host every `check_every` steps
-        only (one synchronisation), then dropped from the decoder."""
-        ids, mask = self.encode_prompts(prompts)
+        """One batch of len(prompt_rows) * n rows (prompts as token ids); finished rows are found on the host every
+        `check_every` steps only (one synchronisation), then dropped from the decoder."""
+        ids, mask = self.encode_prompts(prompt_rows)
         device = self.device
         ids, mask = ids.to(device), mask.to(device)
         graphs = device.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
@@ -119,7 +123,7 @@ class TorchGenerator:
                     decoder.select(keep)
                     rows, keys, alive, next_tokens = rows[keep], keys[keep], alive[keep], next_tokens[keep]
             logits = decoder.decode(next_tokens)
-        return self.package(tokens.cpu(), logprobs.cpu(), lengths.cpu(), prompt_indices or range(len(prompts)), n,
+        return self.package(tokens.cpu(), logprobs.cpu(), lengths.cpu(), prompt_indices or range(len(prompt_rows)), n,
                             eos)
 
     def package(self, tokens, logprobs, lengths, prompt_indices, n, eos) -> list[list[Completion]]:

@@ -54,14 +54,13 @@ def pick_positions(run, tokens, attention_mask, positions, pack_pad_id: int | No
     """run(...)'s output [B, T, ·] at positions - 1 (what predicts each response token); run is a decoder (last
     hidden state) or a whole model (logits). With `pack_pad_id` the rows are packed into as few as fit."""
     prev = (positions - 1).clamp(min=0)
+    main_output = lambda out: out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits  # noqa: E731
     if pack_pad_id is None:
-        out = run(input_ids=tokens, attention_mask=attention_mask)
-        out = out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
+        out = main_output(run(input_ids=tokens, attention_mask=attention_mask))
         return out.gather(1, prev[..., None].expand(-1, -1, out.shape[-1]))
     packed = pack_sequences(tokens, attention_mask, tokens.shape[1], pack_pad_id)
     # no attention mask and no cache: HF builds the block-diagonal causal mask from the position ids
-    out = run(input_ids=packed.tokens, position_ids=packed.position_ids, use_cache=False)
-    out = out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
+    out = main_output(run(input_ids=packed.tokens, position_ids=packed.position_ids, use_cache=False))
     return out[packed.row[:, None], packed.columns(prev)]
 
 

@@ -46,10 +46,7 @@ class FSWeightStore:
 
     def fetch(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
         """(version, state_dict) of `version` (None = the latest); raises KeyError naming what exists."""
-        if version is None:
-            version = self.latest()
-            if version is None:
-                raise KeyError(f"weight store {self.root} is empty: nothing was published yet")
+        version = version_or_latest(self, version)
         path = self.path_for(version)
         if not path.exists():
             raise KeyError(f"weight version {version} is not in {self.root} (have {self.versions()}); "
@@ -128,6 +125,15 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: di
         f.write(encoded)
         for t in tensors.values():
             f.write(memoryview(_host_bytes(t, staging).numpy()))
+
+
+def version_or_latest(store, version: int | None) -> int:
+    """`version`, or the store's latest when None; KeyError when nothing was published."""
+    if version is None:
+        version = store.latest()
+        if version is None:
+            raise KeyError(f"weight store {store.root} is empty: nothing was published yet")
+    return version
 
 
 def store_directory(root: str | Path, keep: int) -> Path:

@@ -24,6 +24,7 @@ from infra.weightsync.fs import (
     byte_layout,
     split_aliases,
     store_directory,
+    version_or_latest,
     write_text_atomic,
 )
 
@@ -61,10 +62,7 @@ class SharedWeightStore:
     def fetch(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
         """(version, state_dict) of `version` (None = the latest), copied out of its slot; KeyError when the slot
         holds another version (never published, or overwritten by a newer one, before or during the copy)."""
-        if version is None:
-            version = self.latest()
-            if version is None:
-                raise KeyError(f"weight store {self.root} is empty: nothing was published yet")
+        version = version_or_latest(self, version)
         slot = self.slot_of(version)
         header = self._ready_header(slot, version)
         total = sum(size for *_, size in header["layout"].values())

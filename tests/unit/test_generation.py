@@ -222,7 +222,7 @@ def test_chunks_hold_prompts_of_similar_length_and_results_keep_the_call_order(m
     run_chunk = gen.generate_chunk
     monkeypatch.setattr(gen, "generate_chunk", lambda ps, *a: chunks.append([len(p) for p in ps]) or run_chunk(ps, *a))
     out = gen.generate(prompts, n=2, seed=4)
-    assert chunks == [[2, 4], [5, 11], [15, 15]]  # by tokenized length (one character, one token here)
+    assert chunks == [[2, 4], [5, 11], [15, 15]]  # chunks of token rows, by length (one character, one token)
     assert [c.metadata["prompt_index"] for g in out for c in g] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
     monkeypatch.undo()
     alone = [gen.generate([p], n=2, seed=4 + i)[0] for i, p in enumerate(prompts)]
