@@ -319,7 +319,7 @@ def test_scancelled_generator_job_mid_run_is_recovered(slurm_cluster, reference_
     cancelled: list[str] = []
 
     def cancel_generator():
-        run = wait_for_new_run(existing, 2)
+        run = wait_for_new_run(existing, 1)  # early: the cancel must land while steps remain (it is asynchronous)
         with session_scope() as s:
             jobs = [w.job_id for w in repo.get_run(s, run.name).workers if w.name == "generator-0"]
         subprocess.run(["scancel", jobs[0]], check=True)
