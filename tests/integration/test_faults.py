@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -314,21 +313,28 @@ def test_a_crash_around_a_checkpoint_loses_no_step_on_resume(point, monkeypatch,
 
 
 @pytest.mark.slurm
-def test_scancelled_generator_job_mid_run_is_recovered(slurm_cluster, reference_sha):
-    existing = existing_runs()
+def test_scancelled_generator_job_mid_run_is_recovered(slurm_cluster, reference_sha, monkeypatch):
+    from infra.records import RunRecords
+
     cancelled: list[str] = []
+    real_step = RunRecords.step
 
-    def cancel_generator():
-        run = wait_for_new_run(existing, 1)  # early: the cancel must land while steps remain (it is asynchronous)
+    def cancel_generator_after_step_1(self, step, metrics):
+        # scancel is asynchronous and a tiny step takes milliseconds: the run waits here until SLURM has ended the
+        # job, so the next rollout meets a dead generator whatever the machine's speed
+        real_step(self, step, metrics)
+        if step != 1:
+            return
         with session_scope() as s:
-            jobs = [w.job_id for w in repo.get_run(s, run.name).workers if w.name == "generator-0"]
-        subprocess.run(["scancel", jobs[0]], check=True)
-        cancelled.append(jobs[0])
+            (job,) = [w.job_id for w in repo.get_run(s, self.run_id).workers if w.name == "generator-0"]
+        subprocess.run(["scancel", job], check=True)
+        wait_until(lambda: not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip(),
+                   f"SLURM ending job {job}")
+        cancelled.append(job)
 
-    thread = threading.Thread(target=cancel_generator, daemon=True)
-    thread.start()
+    monkeypatch.setattr(RunRecords, "step", cancel_generator_after_step_1)
     summary = grpo_flow(overrides={**RUN, "launcher": "slurm", "slurm.cpus_per_task": 1}, run_name="scancel")
-    thread.join(timeout=1)
+    monkeypatch.undo()
     assert cancelled, "the generator job was never cancelled"
     assert [r["role"] for r in summary["recoveries"]] == ["generator"]
     assert_records_complete(summary["run_id"], reference_sha)
