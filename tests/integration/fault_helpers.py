@@ -55,38 +55,65 @@ def wait_for_new_run(existing: set[str], steps: int, proc: subprocess.Popen | No
     raise AssertionError(f"no new run reached step {steps}")
 
 
-def kill_worker_when(role: str | tuple[str, ...], after_step: int, killed: list, sig=signal.SIGKILL) -> threading.Thread:
+def hold_record_until(monkeypatch, step: int, released: threading.Event) -> None:
+    """The run waits before recording `step` until `released` is set: a kill scheduled at a random moment after
+    the step before lands while the run still has work left, however fast the steps are on this machine."""
+    from infra.records import RunRecords
+
+    real_step = RunRecords.step
+
+    def held_step(self, at: int, metrics: dict) -> None:
+        if at == step and not released.wait(timeout=300):  # a liveness guard, not a speed check
+            raise AssertionError(f"the kill planned before step {step} was recorded never happened")
+        real_step(self, at, metrics)
+
+    monkeypatch.setattr(RunRecords, "step", held_step)
+
+
+def kill_worker_when(monkeypatch, role: str | tuple[str, ...], after_step: int, killed: list,
+                     sig=signal.SIGKILL) -> threading.Thread:
     """In a thread: send `sig` to the worker of `role` (of each role, at the same moment: a lost node) of the next
-    new run at a random moment of the step after `after_step` (whatever phase is running then)."""
+    new run at a random moment of the step after `after_step` (whatever phase is running then); that step is not
+    recorded before the kill."""
     roles = (role,) if isinstance(role, str) else tuple(role)
     existing = existing_runs()
-    # a step of the tiny run takes 0.05-0.3 s: a short delay lands inside the next step, never after the last one
-    delay = random.uniform(0.0, 0.1)
+    delay = random.uniform(0.0, 0.1)  # lands inside the next step, or while it waits to be recorded
     print(f"killing {', '.join(roles)} {delay:.3f}s after step {after_step} is recorded")
+    done = threading.Event()
+    hold_record_until(monkeypatch, after_step + 1, done)
 
     def watch():
-        run = wait_for_new_run(existing, after_step)
-        time.sleep(delay)
-        pids = []
-        for name in roles:
-            launches = sorted((run / "workers").glob(f"{name}-0.*.rendezvous.json"), key=lambda p: p.stat().st_mtime)
-            pids.append(read_rendezvous(launches[-1]).pid)  # the current launch of the worker
-        for pid in pids:
-            os.kill(pid, sig)
-        killed.extend(pids)
+        try:
+            run = wait_for_new_run(existing, after_step)
+            time.sleep(delay)
+            pids = []
+            for name in roles:
+                launches = sorted((run / "workers").glob(f"{name}-0.*.rendezvous.json"),
+                                  key=lambda p: p.stat().st_mtime)
+                pids.append(read_rendezvous(launches[-1]).pid)  # the current launch of the worker
+            for pid in pids:
+                os.kill(pid, sig)
+            killed.extend(pids)
+        finally:
+            done.set()  # a failed kill lets the run go on; the test then finds `killed` empty
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
 
 
-def start_cli_run(overrides: dict, *args: str) -> subprocess.Popen:
-    """`forgeflow grpo` in a child process (its own embedded Prefect API, the tests' FORGEFLOW_HOME)."""
+def start_cli_run(overrides: dict, *args: str, hold_step: int = 0) -> subprocess.Popen:
+    """`forgeflow grpo` in a child process (its own embedded Prefect API, the tests' FORGEFLOW_HOME); with
+    `hold_step`, it waits before recording that step (tests/integration/hold_step) until the test kills it."""
     cli = [sys.executable, "-m", "cli", "grpo", *args]
     for key, value in overrides.items():
         cli += [f"--{key}", json.dumps(value) if not isinstance(value, str) else value]
     home = tempfile.mkdtemp(prefix="prefect-child-")
     env = {**os.environ, "PREFECT_HOME": home}
+    if hold_step:
+        hook = str(Path(__file__).parent / "hold_step")
+        env |= {"FORGEFLOW_TEST_HOLD_STEP": str(hold_step),
+                "PYTHONPATH": os.pathsep.join(filter(None, [hook, str(ROOT), env.get("PYTHONPATH")]))}
     # output to a file: a pipe would stay open as long as any child (the embedded Prefect server) lives
     log = open(Path(home) / "cli.log", "w+")  # noqa: SIM115 (read back by output_of)
     proc = subprocess.Popen(cli, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,

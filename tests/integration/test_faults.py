@@ -82,14 +82,14 @@ def assert_records_complete(run_id: str, reference_sha: str) -> dict:
 
 @pytest.mark.parametrize("mode", ["on-policy", "pipelined", "off-policy"])
 @pytest.mark.parametrize("role", ["generator", "trainer"])
-def test_killed_worker_run_ends_bitwise_identical(role, mode):
-    run_with_killed_worker(role, MODES[mode], f"kill-{role}-{mode}", uninterrupted_sha(mode))
+def test_killed_worker_run_ends_bitwise_identical(role, mode, monkeypatch):
+    run_with_killed_worker(monkeypatch, role, MODES[mode], f"kill-{role}-{mode}", uninterrupted_sha(mode))
 
 
 @pytest.mark.parametrize("role", ["generator", "trainer"])
-def test_killed_worker_with_broadcast_sync_ends_identical_to_the_fs_run(role):
+def test_killed_worker_with_broadcast_sync_ends_identical_to_the_fs_run(role, monkeypatch):
     # the pool forms a new weight-broadcast group with the replacement and the trainer republishes its version
-    run_with_killed_worker(role, {**RUN, "weightsync.backend": "broadcast"}, f"kill-{role}-broadcast",
+    run_with_killed_worker(monkeypatch, role, {**RUN, "weightsync.backend": "broadcast"}, f"kill-{role}-broadcast",
                            uninterrupted_sha("on-policy"))
 
 
@@ -149,7 +149,7 @@ SPACED = {**RUN, "weightsync.sync_every": 3, "max_policy_age": 3, "checkpoint.ev
 
 
 @pytest.mark.parametrize("role,after_step", [("generator", 4), ("trainer", 2)])
-def test_killed_worker_with_spaced_syncs_ends_bitwise_identical(role, after_step):
+def test_killed_worker_with_spaced_syncs_ends_bitwise_identical(role, after_step, monkeypatch):
     """weightsync.sync_every 3: the trainer publishes (gathers, writes) only the versions the generators load, every
     rollout is pinned to the version the uninterrupted schedule samples with, and a lost worker changes nothing."""
     reference = grpo_flow(overrides=SPACED, run_name="uninterrupted-spaced")
@@ -158,16 +158,16 @@ def test_killed_worker_with_spaced_syncs_ends_bitwise_identical(role, after_step
     # step s samples with the last sync <= s - 1 (sampled while s - 1 trains): versions 0, 0, 0, 0, 3, 3
     assert [r["rollout/policy_staleness"] for r in rows] == [0, 1, 2, 3, 1, 2]
     killed: list[int] = []
-    watcher = kill_worker_when(role, after_step, killed)
+    watcher = kill_worker_when(monkeypatch, role, after_step, killed)
     summary = grpo_flow(overrides=SPACED, run_name=f"kill-{role}-spaced")
     watcher.join(timeout=1)
     assert killed and [r["role"] for r in summary["recoveries"]] == [role]
     assert_records_complete(summary["run_id"], show_run(reference["run_id"])["final_checkpoint"]["state_sha256"])
 
 
-def run_with_killed_worker(role: str, overrides: dict, run_name: str, reference_sha: str) -> None:
+def run_with_killed_worker(monkeypatch, role: str, overrides: dict, run_name: str, reference_sha: str) -> None:
     killed: list[int] = []
-    watcher = kill_worker_when(role, 2, killed)
+    watcher = kill_worker_when(monkeypatch, role, 2, killed)
     summary = grpo_flow(overrides=overrides, run_name=run_name)
     watcher.join(timeout=1)
     assert killed, "the worker was never killed: the test did not exercise recovery"
@@ -182,10 +182,10 @@ def run_with_killed_worker(role: str, overrides: dict, run_name: str, reference_
 @pytest.mark.parametrize("roles,mode", [(("generator", "reward"), "on-policy"), (("trainer", "generator"), "on-policy"),
                                         (("trainer", "reference"), "kl")], ids=lambda v: "+".join(v) if
                          isinstance(v, tuple) else v)
-def test_two_roles_killed_at_once_recover_exactly(roles, mode):
+def test_two_roles_killed_at_once_recover_exactly(roles, mode, monkeypatch):
     """A lost node takes several roles: every dead one is restarted and restored, the run ends bit-exact."""
     killed: list[int] = []
-    watcher = kill_worker_when(roles, 3, killed)
+    watcher = kill_worker_when(monkeypatch, roles, 3, killed)
     summary = grpo_flow(overrides=MODES[mode], run_name=f"kill-{'-'.join(roles)}")
     watcher.join(timeout=1)
     assert len(killed) == 2, "the workers were never killed: the test did not exercise recovery"
@@ -208,7 +208,7 @@ def test_unrecoverable_worker_loss_ends_crashed_and_resumes_exactly(monkeypatch,
     monkeypatch.setattr(tasks.recovery, "recover_role", node_gone)
     existing = existing_runs()
     killed: list[int] = []
-    watcher = kill_worker_when("generator", 2, killed)
+    watcher = kill_worker_when(monkeypatch, "generator", 2, killed)
     with pytest.raises(Exception, match="infrastructure failure"):
         grpo_flow(overrides=RUN, run_name="node-gone")
     watcher.join(timeout=1)
@@ -227,7 +227,8 @@ def test_unrecoverable_worker_loss_ends_crashed_and_resumes_exactly(monkeypatch,
 def test_interrupted_flow_process_resumes_bitwise_identical(sig, mode):
     reference_sha = uninterrupted_sha(mode)
     existing = existing_runs()
-    proc = start_cli_run(PIPELINED if mode == "pipelined" else RUN, "--run-name", f"flow-{sig.name}-{mode}")
+    proc = start_cli_run(PIPELINED if mode == "pipelined" else RUN, "--run-name", f"flow-{sig.name}-{mode}",
+                         hold_step=4)  # killed in step 4 or, if that is done first, before it is recorded
     run = wait_for_new_run(existing, 3, proc)
     live = show_run(run.name)  # while live, the registry lists the workers an operator could kill
     pids = [w["pid"] for w in live["workers"] if w["state"] == "running"]
