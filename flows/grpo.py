@@ -18,6 +18,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -38,6 +39,8 @@ from infra.prefect_artifacts import RunArtifacts
 from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS, fail_for_user_error, label_flow_run
 from infra.progress import line_for_step
 from infra.records import RunRecords, dataset_fingerprint
+from infra.registry import repo, session_scope
+from infra.run_lock import lock_run
 from tasks.context import RunContext, register_run, unregister_run
 from tasks.phases import TaskCalls, task_roles
 from tasks.recovery import lost_worker, restore_latest
@@ -95,10 +98,40 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             check_resumable(resume)
     except ValueError as exc:
         return fail_for_user_error(exc)
-    if (flow_run.run_count or 1) > MAX_FLOW_RUN_ATTEMPTS:
-        raise RuntimeError(f"flow run {flow_run.id} is on attempt {flow_run.run_count}; forgeflow stops after "
-                           f"{MAX_FLOW_RUN_ATTEMPTS} (see its earlier crashes); `forgeflow resume RUN_ID` continues it")
     run_id = resume or run_id_for_flow_run()
+    try:  # one driver per run: a duplicate execution of this flow run waits, any other driver is refused
+        lock = lock_run(run_dir(run_id), run_id, str(flow_run.id) if flow_run.id else None)
+    except ValueError as exc:
+        return fail_for_user_error(exc)
+    with lock:
+        if not resume and (done := completed_summary(cfg, run_id)):  # executed again (a late crash report)
+            logger.info("run %s was completed by %s execution of this flow run", run_id,
+                        "the other" if lock.waited else "an earlier")
+            return done
+        # attempts that drove the run, not Prefect's run_count: the process worker reports a crash twice, and the
+        # executions started by the second report only wait here
+        if (attempt := count_attempt(run_id)) > MAX_FLOW_RUN_ATTEMPTS:
+            raise RuntimeError(f"flow run {flow_run.id} would drive run {run_id} for the {attempt}th time; forgeflow "
+                               f"stops after {MAX_FLOW_RUN_ATTEMPTS} (see its earlier crashes); `forgeflow resume "
+                               f"{run_id}` continues it")
+        return drive_run(cfg, run_id, resume, start_time, config=config, overrides=overrides, run_name=run_name,
+                         sweep_id=sweep_id, parent_mlflow_run_id=parent_mlflow_run_id)
+
+
+def completed_summary(cfg, run_id: str) -> dict | None:
+    """The summary of run `run_id` when its records say completed (else None)."""
+    path = run_dir(run_id) / "summary.json"
+    if not path.exists():
+        return None
+    with session_scope(cfg.tracking.registry_url) as s:
+        if repo.get_run(s, run_id).status != "completed":
+            return None
+    return json.loads(path.read_text())
+
+
+def drive_run(cfg, run_id: str, resume: str | None, start_time: float, *, config: str, overrides: dict | None,
+              run_name: str | None, sweep_id: str | None, parent_mlflow_run_id: str | None) -> dict:
+    """The run itself (new, or resumed from its directory), with its lock held; returns the run summary."""
     resume = resume or (run_id if (run_dir(run_id) / "config.yaml").exists() else None)
     out = run_dir(run_id)
     if resume:  # the resumed run keeps its recorded config (overrides on resume are not allowed to change it)
@@ -208,18 +241,40 @@ def check_resumable(run_id: str) -> None:
                          "`forgeflow runs ls` lists the runs (FORGEFLOW_HOME selects the state directory)")
 
 
+def flow_run_index() -> Path:
+    """This Prefect flow run's entry in FORGEFLOW_HOME: its run id and how many attempts drove that run."""
+    return forgeflow_home() / "flow_runs" / f"{flow_run.id}.json"
+
+
+def write_index(entry: dict) -> None:
+    index = flow_run_index()
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index.with_suffix(".tmp")
+    tmp.write_text(json.dumps(entry))
+    tmp.replace(index)  # atomic: a crash never leaves half an index (the run id would be lost)
+
+
 def run_id_for_flow_run() -> str:
     """A new run id, remembered per Prefect flow run: a flow run rescheduled after a crash gets the same run id back
     and so resumes its own checkpoints."""
     if not flow_run.id:
         return new_run_id()
-    index = forgeflow_home() / "flow_runs" / f"{flow_run.id}.json"
-    if index.exists():
-        return json.loads(index.read_text())["run_id"]
+    if flow_run_index().exists():
+        return json.loads(flow_run_index().read_text())["run_id"]
     run_id = new_run_id()
-    index.parent.mkdir(parents=True, exist_ok=True)
-    index.write_text(json.dumps({"run_id": run_id, "flow_run_id": str(flow_run.id)}))
+    write_index({"run_id": run_id, "flow_run_id": str(flow_run.id)})
     return run_id
+
+
+def count_attempt(run_id: str) -> int:
+    """Count one more attempt of this flow run at run `run_id` (in the flow run's index); returns it."""
+    if not flow_run.id:
+        return 1
+    index = flow_run_index()
+    entry = json.loads(index.read_text()) if index.exists() else {"run_id": run_id, "flow_run_id": str(flow_run.id)}
+    entry["attempts"] = entry.get("attempts", 0) + 1
+    write_index(entry)
+    return entry["attempts"]
 
 
 def run_to_end(ctx: RunContext, roles, start: int, recorder: FlowRecorder) -> tuple[dict, str]:

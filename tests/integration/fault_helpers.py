@@ -102,6 +102,24 @@ def kill_worker_when(monkeypatch, role: str | tuple[str, ...], after_step: int, 
     return thread
 
 
+def hold_step_env(*steps: int, env: dict | None = None) -> dict[str, str]:
+    """Variables that make a flow process wait once before recording each of `steps` (tests/integration/hold_step);
+    `held_at` / `release` below watch and end a wait."""
+    hook = str(Path(__file__).parent / "hold_step")
+    pythonpath = os.pathsep.join(filter(None, [hook, str(ROOT), (env or os.environ).get("PYTHONPATH")]))
+    return {"FORGEFLOW_TEST_HOLD_STEPS": ",".join(map(str, steps)),
+            "FORGEFLOW_TEST_HOLD_DIR": tempfile.mkdtemp(prefix="hold-step-"), "PYTHONPATH": pythonpath}
+
+
+def held_at(hold: dict, step: int) -> bool:
+    """Whether a process of the run waits before recording `step`, or has waited there."""
+    return (Path(hold["FORGEFLOW_TEST_HOLD_DIR"]) / f"held-{step}").exists()
+
+
+def release(hold: dict, step: int) -> None:
+    (Path(hold["FORGEFLOW_TEST_HOLD_DIR"]) / f"release-{step}").touch()
+
+
 def start_cli_run(overrides: dict, *args: str, hold_step: int = 0) -> subprocess.Popen:
     """`forgeflow grpo` in a child process (its own embedded Prefect API, the tests' FORGEFLOW_HOME); with
     `hold_step`, it waits before recording that step (tests/integration/hold_step) until the test kills it."""
@@ -111,9 +129,7 @@ def start_cli_run(overrides: dict, *args: str, hold_step: int = 0) -> subprocess
     home = tempfile.mkdtemp(prefix="prefect-child-")
     env = {**os.environ, "PREFECT_HOME": home}
     if hold_step:
-        hook = str(Path(__file__).parent / "hold_step")
-        env |= {"FORGEFLOW_TEST_HOLD_STEP": str(hold_step),
-                "PYTHONPATH": os.pathsep.join(filter(None, [hook, str(ROOT), env.get("PYTHONPATH")]))}
+        env |= hold_step_env(hold_step, env=env)
     # output to a file: a pipe would stay open as long as any child (the embedded Prefect server) lives
     log = open(Path(home) / "cli.log", "w+")  # noqa: SIM115 (read back by output_of)
     proc = subprocess.Popen(cli, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,

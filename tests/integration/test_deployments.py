@@ -11,10 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.integration.fault_helpers import TINY, held_at, hold_step_env, release, wait_until
 from tests.integration.prefect_helpers import (
     BIN,
     ROOT,
     api,
+    flow_run_logs,
     flow_runs_of,
     run_deployment_cli,
     serving_stack,
@@ -22,10 +24,6 @@ from tests.integration.prefect_helpers import (
 )
 
 pytestmark = pytest.mark.integration
-TINY = {"model.path": "tiny:qwen3-micro", "sft.steps": 0, "generator.max_new_tokens": 4, "prompts_per_step": 4,
-        "group_size": 4, "eval.num_prompts": 16, "eval.every": 2, "checkpoint.every": 2, "trainer.lr": 1e-3,
-        "workers.threads": 1, "filter_groups": False, "loss.beta": 0.0,
-        "loss.name": "grpo", "trainer.mini_batches": 1}  # one update per batch unless a test says otherwise
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +69,10 @@ def test_sweep_losses_with_two_children_completes(prefect_stack):
 
 
 def test_killed_flow_run_process_is_rescheduled_and_completes(prefect_stack):
+    # the flow-run process waits (once) before recording step 4, and is killed there: steps are left to redo
+    hold = hold_step_env(4)
     cmd = [str(BIN / "prefect"), "deployment", "run", "grpo/grpo-math", "-p",
-           "overrides=" + json.dumps({**TINY, "steps": 8})]
+           "overrides=" + json.dumps({**TINY, "steps": 8}), "--job-variable", "env=" + json.dumps(hold)]
     subprocess.run(cmd, cwd=ROOT, env=prefect_stack["env"], check=True, capture_output=True)
     run = flow_runs_of(prefect_stack, "grpo-math")[0]
     index = Path(os.environ["FORGEFLOW_HOME"]) / "flow_runs" / f"{run['id']}.json"
@@ -80,27 +80,56 @@ def test_killed_flow_run_process_is_rescheduled_and_completes(prefect_stack):
     killed = False
     while time.monotonic() < deadline and not killed:
         fr = httpx.get(f"{prefect_stack['url']}/flow_runs/{run['id']}", timeout=10).json()
-        if index.exists() and fr.get("infrastructure_pid"):
-            metrics = Path(os.environ["FORGEFLOW_HOME"]) / "runs" / json.loads(index.read_text())["run_id"] / \
-                "metrics.jsonl"
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-                pid = int(str(fr["infrastructure_pid"]).split(":")[-1])
-                os.kill(pid, signal.SIGKILL)
-                killed = True
+        if held_at(hold, 4) and fr.get("infrastructure_pid"):
+            os.kill(int(str(fr["infrastructure_pid"]).split(":")[-1]), signal.SIGKILL)
+            killed = True
         time.sleep(0.2)
-    assert killed, "the flow-run process was never seen running"
+    assert killed, "the flow-run process was never seen holding step 4 (did it get the job's env?)"
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline:
         fr = httpx.get(f"{prefect_stack['url']}/flow_runs/{run['id']}", timeout=10).json()
         if fr["state"]["type"] == "COMPLETED":
             break
         time.sleep(1)
-    assert fr["state"]["type"] == "COMPLETED", fr["state"]
+    assert fr["state"]["type"] == "COMPLETED", (fr["state"], flow_run_logs(prefect_stack, run["id"]))
     assert fr["run_count"] >= 2
     run_id = json.loads(index.read_text())["run_id"]
     steps = [json.loads(x)["step"] for x in
              (Path(os.environ["FORGEFLOW_HOME"]) / "runs" / run_id / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))
+
+
+def test_a_flow_run_executed_twice_drives_its_run_once(prefect_stack):
+    """Prefect's process worker can report one killed flow-run process Crashed twice, the second time while the
+    rescheduled attempt runs; the crash Automation then starts a third process on the same flow run (CI saw the two
+    start rival workers and crash the run). The later one waits for the run lock and returns the run's summary."""
+    hold = hold_step_env(4, 6)
+    cmd = [str(BIN / "prefect"), "deployment", "run", "grpo/grpo-math", "-p",
+           "overrides=" + json.dumps({**TINY, "steps": 8}), "--job-variable", "env=" + json.dumps(hold)]
+    subprocess.run(cmd, cwd=ROOT, env=prefect_stack["env"], check=True, capture_output=True)
+    run = flow_runs_of(prefect_stack, "grpo-math")[0]
+    url = f"{prefect_stack['url']}/flow_runs/{run['id']}"
+    wait_until(lambda: held_at(hold, 4) and httpx.get(url, timeout=10).json().get("infrastructure_pid"),
+               "attempt 1 holding step 4")
+    os.kill(int(str(httpx.get(url, timeout=10).json()["infrastructure_pid"]).split(":")[-1]), signal.SIGKILL)
+    wait_until(lambda: held_at(hold, 6), "attempt 2 (rescheduled after the kill) holding step 6")
+    # the late second crash report, as the process worker sends it
+    api(prefect_stack, f"/flow_runs/{run['id']}/set_state",
+        {"state": {"type": "CRASHED", "message": "Flow run infrastructure exited with non-zero status code -9."},
+         "force": True})
+    waiting = "this execution waits for it to end"
+    wait_until(lambda: waiting in (prefect_stack["logs"] / "worker.log").read_text(), "attempt 3 waiting for the run")
+    release(hold, 6)
+    wait_until(lambda: httpx.get(url, timeout=10).json()["state"]["type"] == "COMPLETED", "the flow run completing",
+               patience_s=400)
+    wait_until(lambda: "was completed by the other execution" in flow_run_logs(prefect_stack, run["id"], limit=200),
+               "attempt 3 returning the run's summary")
+    index = json.loads((Path(os.environ["FORGEFLOW_HOME"]) / "flow_runs" / f"{run['id']}.json").read_text())
+    assert index["attempts"] == 2  # the waiting executions are not attempts: two more crashes are still allowed
+    out = Path(os.environ["FORGEFLOW_HOME"]) / "runs" / index["run_id"]
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == list(range(1, 9))
+    # workers were started by attempts 1 and 2 only (trainer, generator, reward each): no rival set
+    assert len(list((out / "workers" / "jobs").glob("*_submitted.pkl"))) == 6
 
 
 @pytest.mark.parametrize("overrides", [

@@ -19,6 +19,7 @@ from infra.paths import run_dir
 from infra.registry import repo, session_scope
 from infra.tracking import default_tracking_uri
 from tests.integration.fault_helpers import (
+    ROOT,
     TINY,
     existing_runs,
     kill_worker_when,
@@ -366,6 +367,30 @@ def test_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint(tm
     assert info["status"] == "failed" and "non-finite loss" in info["message"] and "at step 2" in info["message"]
     assert steps_recorded(run.name) == [1, 2] and info["steps_completed"] == 2
     assert latest_good_checkpoint(run / "checkpoints") == run / "checkpoints" / "step-000002"  # intact, verified
+
+
+def test_a_run_driven_by_another_process_is_refused_and_left_alone(reference_sha):
+    """Two drivers of one run would start rival workers: `resume` of a run another process holds is refused, naming
+    that process, and nothing of the run changes (a second execution of one flow run waits: test_deployments)."""
+    summary = grpo_flow(overrides=RUN, run_name="held")
+    out = run_dir(summary["run_id"])
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "driver.lock"}
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from infra.run_lock import lock_run; lock_run(Path(sys.argv[1]), 'r', 'other-flow-run'); "
+                               "print('held', flush=True); time.sleep(300)", str(out)],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(Exception, match=rf"run {summary['run_id']} is being driven by pid {holder.pid} .*"
+                                            rf"flow run other-flow-run"):
+            grpo_flow(resume=summary["run_id"])
+    finally:
+        holder.kill()
+        holder.wait()
+    after = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "driver.lock"}
+    assert after == before, "the refused driver touched the run"
+
+    assert_records_complete(summary["run_id"], reference_sha)
 
 
 @pytest.mark.parametrize("key,value,message", [
