@@ -62,10 +62,8 @@ def test_sigkilled_worker_is_lost_then_restarted(pool):
     victim = p.clients("generator")[0]
     pid = victim.call("health")["pid"]
     os.kill(pid, signal.SIGKILL)
-    t0 = time.monotonic()
     with pytest.raises(WorkerLost) as info:
         victim.call("rollout", splits.train[:2], splits.train_prompts[:2], 2, 0)
-    assert time.monotonic() - t0 < 10
     assert "generator-0" in str(info.value) and info.value.last_health.get("pid") == pid
     p.restart("generator")
     fresh = [c.call("health")["pid"] for c in p.clients("generator")]
