@@ -10,7 +10,7 @@ import sys
 
 from infra.interrupts import INTERRUPTED, interrupted_by, note_interrupt
 from infra.orphan_guard import start_orphan_guard
-from infra.prefect_env import configure_terminal_logging
+from infra.prefect_env import configure_terminal_logging, stop_retrying_embedded_api
 
 
 def add_data_commands(sub) -> None:
@@ -244,6 +244,12 @@ def quiet_libraries() -> None:
         pass
 
 
+def on_ctrl_c(signum, frame) -> None:
+    """SIGINT in a run command: no minute of API retries against the stopping embedded server, then the interrupt."""
+    stop_retrying_embedded_api()
+    note_interrupt(signum, frame)
+
+
 def report_interrupt() -> int:
     print("forgeflow: interrupted — workers stopped; `forgeflow runs ls` lists the run and "
           "`forgeflow resume RUN_ID` continues it", file=sys.stderr)
@@ -284,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("runs", "lineage", "compare", "ui", "samples"):
             return run_report(args)
         if args.command in ("grpo", "sft", "eval", "sweep", "resume"):
-            signal.signal(signal.SIGINT, note_interrupt)
+            signal.signal(signal.SIGINT, on_ctrl_c)
             if not getattr(args, "dry_run", False) and not getattr(args, "in_process", False):
                 start_orphan_guard()  # stops the embedded Prefect server if this process is killed
             if args.command == "resume" and extra:

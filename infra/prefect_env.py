@@ -37,6 +37,17 @@ def configure_prefect() -> None:
         os.environ.setdefault(key, value)
 
 
+def stop_retrying_embedded_api() -> None:
+    """After Ctrl-C: the embedded Prefect server got the same SIGINT and is stopping, so the calls that end the flow
+    run (its Crashed state) fail at once instead of retrying with backoff for ~75 s before the CLI can exit. A server
+    named by PREFECT_API_URL keeps running, and the calls to it keep their retries."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if not settings.api.url:
+        settings.client.max_retries = 0
+
+
 CONSOLE_FORMAT = "%(asctime)s %(levelname)s %(source)s: %(message)s"  # the CLI's terminal lines
 
 

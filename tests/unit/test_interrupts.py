@@ -36,3 +36,18 @@ def test_connection_failures_after_sigint_are_the_interrupt_but_bugs_are_not(mon
         assert interrupts.interrupted_by(exc)  # the fallout anywhere in the chain
     assert not interrupts.interrupted_by(ValueError("loss.clip_low must be > 0"))
     assert not interrupts.interrupted_by(ZeroDivisionError("a bug"))
+
+
+@pytest.mark.parametrize("api_url,retries_after", [(None, 0), ("http://127.0.0.1:4200/api", 5)])
+def test_ctrl_c_stops_api_retries_only_against_the_embedded_server(api_url, retries_after, monkeypatch):
+    """The embedded server stops with the same Ctrl-C: retrying it only kept the CLI alive ~75 s after the run had
+    stopped. A server of the user's keeps its retries."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from cli.main import on_ctrl_c
+
+    monkeypatch.setattr(interrupts, "INTERRUPTED", [])
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 5, PREFECT_API_URL: api_url}):
+        with pytest.raises(KeyboardInterrupt):
+            on_ctrl_c(2, None)
+        assert PREFECT_CLIENT_MAX_RETRIES.value() == retries_after
