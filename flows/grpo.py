@@ -18,7 +18,6 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -32,6 +31,7 @@ from infra import checkpoints as ckpt
 from infra import components as C
 from infra.config import dump_config
 from infra.config_checks import load_config
+from infra.flow_runs import count_attempt, remembered_id
 from infra.interrupts import interrupted_by
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
@@ -98,7 +98,7 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             check_resumable(resume)
     except ValueError as exc:
         return fail_for_user_error(exc)
-    run_id = resume or run_id_for_flow_run()
+    run_id = resume or remembered_id("run_id", new_run_id)  # a rescheduled flow run resumes its own run
     try:  # one driver per run: a duplicate execution of this flow run waits, any other driver is refused
         lock = lock_run(run_dir(run_id), run_id, str(flow_run.id) if flow_run.id else None)
     except ValueError as exc:
@@ -110,10 +110,7 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
             return done
         # attempts that drove the run, not Prefect's run_count: the process worker reports a crash twice, and the
         # executions started by the second report only wait here
-        if (attempt := count_attempt(run_id)) > MAX_FLOW_RUN_ATTEMPTS:
-            raise RuntimeError(f"flow run {flow_run.id} would drive run {run_id} for the {attempt}th time; forgeflow "
-                               f"stops after {MAX_FLOW_RUN_ATTEMPTS} (see its earlier crashes); `forgeflow resume "
-                               f"{run_id}` continues it")
+        count_attempt(f"run {run_id}")
         return drive_run(cfg, run_id, resume, start_time, config=config, overrides=overrides, run_name=run_name,
                          sweep_id=sweep_id, parent_mlflow_run_id=parent_mlflow_run_id)
 
@@ -239,42 +236,6 @@ def check_resumable(run_id: str) -> None:
     if not (runs / run_id / "config.yaml").exists():
         raise ValueError(f"cannot resume {run_id!r}: no run directory with a config.yaml under {runs}; "
                          "`forgeflow runs ls` lists the runs (FORGEFLOW_HOME selects the state directory)")
-
-
-def flow_run_index() -> Path:
-    """This Prefect flow run's entry in FORGEFLOW_HOME: its run id and how many attempts drove that run."""
-    return forgeflow_home() / "flow_runs" / f"{flow_run.id}.json"
-
-
-def write_index(entry: dict) -> None:
-    index = flow_run_index()
-    index.parent.mkdir(parents=True, exist_ok=True)
-    tmp = index.with_suffix(".tmp")
-    tmp.write_text(json.dumps(entry))
-    tmp.replace(index)  # atomic: a crash never leaves half an index (the run id would be lost)
-
-
-def run_id_for_flow_run() -> str:
-    """A new run id, remembered per Prefect flow run: a flow run rescheduled after a crash gets the same run id back
-    and so resumes its own checkpoints."""
-    if not flow_run.id:
-        return new_run_id()
-    if flow_run_index().exists():
-        return json.loads(flow_run_index().read_text())["run_id"]
-    run_id = new_run_id()
-    write_index({"run_id": run_id, "flow_run_id": str(flow_run.id)})
-    return run_id
-
-
-def count_attempt(run_id: str) -> int:
-    """Count one more attempt of this flow run at run `run_id` (in the flow run's index); returns it."""
-    if not flow_run.id:
-        return 1
-    index = flow_run_index()
-    entry = json.loads(index.read_text()) if index.exists() else {"run_id": run_id, "flow_run_id": str(flow_run.id)}
-    entry["attempts"] = entry.get("attempts", 0) + 1
-    write_index(entry)
-    return entry["attempts"]
 
 
 def run_to_end(ctx: RunContext, roles, start: int, recorder: FlowRecorder) -> tuple[dict, str]:

@@ -15,6 +15,7 @@ from prefect.utilities.annotations import quote
 
 from infra.config import dump_config
 from infra.config_checks import load_config
+from infra.flow_runs import count_attempt
 from infra.paths import new_run_id, run_dir
 from infra.prefect_env import fail_for_user_error, label_flow_run
 from tasks.sft import sft_train
@@ -53,7 +54,8 @@ def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None 
             raise ValueError(f"{config}: sft.steps is {cfg.sft.steps}; set sft.steps >= 1 to run SFT")
     except ValueError as exc:
         return fail_for_user_error(exc)
-    run_id = run_id or new_run_id()
+    run_id = run_id or new_run_id()  # a rescheduled SFT deployment run starts over (SFT keeps no mid-run state)
+    count_attempt(f"SFT run {run_id}")
     label_flow_run(f"sft · {run_id}", [run_id, "sft", *([sweep_id] if sweep_id else [])])
     if out_dir is None:
         out_dir = str(run_dir(run_id))

@@ -10,15 +10,18 @@ import contextvars
 import itertools
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from prefect import flow
 from prefect.runtime import flow_run
 
 from infra.config_checks import load_config
+from infra.flow_runs import count_attempt, current_flow_run_id, read_index, remembered_id
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
-from infra.prefect_env import label_flow_run
+from infra.prefect_env import fail_for_user_error, label_flow_run
 from infra.registry import Sweep, repo, session_scope
+from infra.run_lock import lock_run
 from infra.tracking import Tracker
 from infra.ui_links import flow_run_link_tags
 
@@ -54,6 +57,14 @@ def grid_label(grid: dict) -> str:
     return " × ".join(f"{short_key(k)}: {'|'.join(map(str, v))}" for k, v in grid.items())
 
 
+def earlier_child(registry_url: str, sweep_id: str, name: str) -> tuple[str, str] | None:
+    """(run id, status) of the grpo run an earlier attempt of this sweep started for the point `name` (the newest)."""
+    with session_scope(registry_url) as s:
+        runs = [(r.id, r.status) for r in repo.list_runs(s, limit=1000, sweep_id=sweep_id)
+                if r.recipe == "grpo" and r.name == name]
+    return runs[0] if runs else None
+
+
 @flow(name="grpo-sweep", persist_result=False)
 def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = None, overrides: dict | None = None,
                max_concurrency: int = 1, use_deployments: bool = False,
@@ -61,23 +72,46 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
     """Run every grid point (at most max_concurrency at a time), wait for all, compare them."""
     grid = grid or {"loss.name": ["grpo", "dapo", "gspo"]}
     points = grid_points(grid)
-    sweep_id = "sweep-" + new_run_id()
+    # a sweep flow run rescheduled after a crash continues its own sweep: finished children are kept, the others
+    # resumed (subflows die with this process) or started again
+    sweep_id = remembered_id("sweep_id", lambda: "sweep-" + new_run_id())
     out = forgeflow_home() / "sweeps" / sweep_id
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # one driver per sweep, as per run (infra/run_lock.py): a duplicate execution waits for the first
+        lock = lock_run(out, sweep_id, current_flow_run_id())
+    except ValueError as exc:
+        return fail_for_user_error(exc)
+    with lock:
+        if (out / "sweep.json").exists():  # completed by another execution of this flow run
+            return {**json.loads((out / "sweep.json").read_text()), "plot": str(out / "comparison.png")}
+        count_attempt(f"sweep {sweep_id}")
+        return drive_sweep(sweep_id, out, config, grid, points, overrides, max_concurrency, use_deployments,
+                           deployment)
+
+
+def drive_sweep(sweep_id: str, out: Path, config: str, grid: dict, points: list[dict], overrides: dict | None,
+                max_concurrency: int, use_deployments: bool, deployment: str) -> dict:
+    """The sweep itself, with its lock held: children, then the comparison."""
     base_cfg = load_config(config, overrides)
     label = grid_label(grid)
     label_flow_run(f"grpo-sweep · {label} · {sweep_id}", [sweep_id, "sweep"])
     tracker = Tracker(base_cfg.tracking.mlflow_uri, base_cfg.tracking.experiment)
-    params = {"grid": grid, "base_overrides": overrides or {}, "config": config}
-    tags = {"forgeflow.sweep_id": sweep_id, "forgeflow.recipe": "sweep", "prefect.flow_run_id": flow_run.id,
-            **flow_run_link_tags(flow_run.id)}
-    parent = tracker.start_run(f"{label} · {sweep_id}", params, tags)
     with session_scope(base_cfg.tracking.registry_url) as s:
-        repo.create_sweep(s, sweep_id, grid, name=sweep_id).mlflow_run_id = parent
+        sweep = s.get(Sweep, sweep_id)
+        parent = sweep.mlflow_run_id if sweep is not None else None
+    if parent is None:
+        params = {"grid": grid, "base_overrides": overrides or {}, "config": config}
+        tags = {"forgeflow.sweep_id": sweep_id, "forgeflow.recipe": "sweep", "prefect.flow_run_id": flow_run.id,
+                **flow_run_link_tags(flow_run.id)}
+        parent = tracker.start_run(f"{label} · {sweep_id}", params, tags)
+        with session_scope(base_cfg.tracking.registry_url) as s:
+            (s.get(Sweep, sweep_id) or repo.create_sweep(s, sweep_id, grid, name=sweep_id)).mlflow_run_id = parent
 
     def run_point(point: dict) -> dict:
         merged = {**(overrides or {}), **point}
         name = f"{point_label(point)} · {sweep_id}"  # the distinguishing part first: UI columns cut names
+        earlier = earlier_child(base_cfg.tracking.registry_url, sweep_id, name)
+        if earlier is not None and earlier[1] == "completed":
+            return json.loads((run_dir(earlier[0]) / "summary.json").read_text())
         if use_deployments:
             from prefect.deployments import run_deployment
 
@@ -87,10 +121,11 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
             if not child.state.is_completed():
                 raise RuntimeError(f"sweep child {name} ended {child.state.name}: see flow run {child.id}")
             # results are not persisted in Prefect; the child's summary is in its run directory
-            index = forgeflow_home() / "flow_runs" / f"{child.id}.json"
-            return json.loads((run_dir(json.loads(index.read_text())["run_id"]) / "summary.json").read_text())
+            return json.loads((run_dir(read_index(str(child.id))["run_id"]) / "summary.json").read_text())
         from flows.grpo import grpo_flow
 
+        if earlier is not None and (run_dir(earlier[0]) / "config.yaml").exists():
+            return grpo_flow(resume=earlier[0])  # it died with this sweep's earlier process
         return grpo_flow(config=config, overrides=merged, run_name=name, sweep_id=sweep_id,
                          parent_mlflow_run_id=parent)
 

@@ -132,6 +132,41 @@ def test_a_flow_run_executed_twice_drives_its_run_once(prefect_stack):
     assert len(list((out / "workers" / "jobs").glob("*_submitted.pkl"))) == 6
 
 
+def test_a_killed_sweep_continues_its_own_sweep(prefect_stack):
+    """The sweep's flow-run process dies while its second child (a subflow) runs: the rescheduled flow run keeps
+    the sweep id, keeps the finished child and resumes the other one, instead of starting the whole sweep again."""
+    from infra.registry import repo, session_scope
+
+    hold = hold_step_env(4)  # only the 6-step child reaches step 4
+    cmd = [str(BIN / "prefect"), "deployment", "run", "grpo-sweep/sweep-losses", "-p", "use_deployments=false",
+           "-p", "grid=" + json.dumps({"steps": [2, 6]}), "-p", "overrides=" + json.dumps(TINY),
+           "--job-variable", "env=" + json.dumps(hold)]
+    subprocess.run(cmd, cwd=ROOT, env=prefect_stack["env"], check=True, capture_output=True)
+    run = flow_runs_of(prefect_stack, "sweep-losses")[0]
+    url = f"{prefect_stack['url']}/flow_runs/{run['id']}"
+    wait_until(lambda: held_at(hold, 4) and httpx.get(url, timeout=10).json().get("infrastructure_pid"),
+               "the sweep's second child holding step 4")
+    index = Path(os.environ["FORGEFLOW_HOME"]) / "flow_runs" / f"{run['id']}.json"
+    sweep_id = json.loads(index.read_text())["sweep_id"]
+    with session_scope() as s:
+        before = {r.name: (r.id, r.status) for r in repo.list_runs(s, sweep_id=sweep_id) if r.recipe == "grpo"}
+    assert sorted(status for _, status in before.values()) == ["completed", "running"], before
+    os.kill(int(str(httpx.get(url, timeout=10).json()["infrastructure_pid"]).split(":")[-1]), signal.SIGKILL)
+    wait_until(lambda: httpx.get(url, timeout=10).json()["state"]["type"] == "COMPLETED", "the sweep completing",
+               patience_s=400)
+    assert json.loads(index.read_text())["sweep_id"] == sweep_id
+    with session_scope() as s:
+        after = {r.name: (r.id, r.status) for r in repo.list_runs(s, sweep_id=sweep_id) if r.recipe == "grpo"}
+    assert {name: rid for name, (rid, _) in after.items()} == {name: rid for name, (rid, _) in before.items()}
+    assert all(status == "completed" for _, status in after.values()), after
+    rows = json.loads((Path(os.environ["FORGEFLOW_HOME"]) / "sweeps" / sweep_id / "sweep.json").read_text())["rows"]
+    assert sorted(r["run_id"] for r in rows) == sorted(rid for rid, _ in before.values())
+    resumed = next(rid for rid, status in before.values() if status == "running")
+    steps = [json.loads(x)["step"] for x in
+             (Path(os.environ["FORGEFLOW_HOME"]) / "runs" / resumed / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 7))
+
+
 @pytest.mark.parametrize("overrides", [
     lambda marker: {"loss": {"name": "subprocess:Popen", "args": ["touch", marker]}},
     lambda marker: {"rewards": [{"name": "subprocess:Popen", "args": ["touch", marker]}]},
