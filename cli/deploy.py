@@ -2,8 +2,9 @@
 Prefect server named by PREFECT_API_URL.
 
 The Automation reschedules Crashed flow runs of forgeflow deployments (tag `forgeflow`): a killed flow-run process
-gets the same flow run (same parameters, run_count + 1), which resumes from its latest checkpoint. The flow refuses to
-run more than `MAX_FLOW_RUN_ATTEMPTS` times, so a run that keeps crashing ends Failed instead of looping.
+gets the same flow run (same parameters), which resumes its own run (or sweep) from its latest checkpoint. The flows
+count the attempts that did their work (infra/flow_runs.py; the process worker can report one crash twice) and refuse
+more than `MAX_FLOW_RUN_ATTEMPTS`, so a run that keeps crashing ends Failed instead of looping.
 """
 
 from __future__ import annotations
