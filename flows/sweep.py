@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -65,6 +66,34 @@ def earlier_child(registry_url: str, sweep_id: str, name: str) -> tuple[str, str
     return runs[0] if runs else None
 
 
+def run_child_deployment(deployment: str, parameters: dict, key: str, poll_s: float = 2.0,
+                         crash_grace_s: float = 60.0) -> str:
+    """Start (or, for a `key` seen before, find) a child deployment run with this flow run's job variables, and wait
+    until it completes, through the crash Automation's reschedules; returns its flow run id."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    with get_client(sync_client=True) as client:
+        job_variables = client.read_flow_run(flow_run.id).job_variables if flow_run.id else None
+    child = run_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=key,
+                           job_variables=job_variables or None)
+    crashed_since = None
+    while True:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(child.id).state
+        if state is not None and state.is_completed():
+            return str(child.id)
+        if state is not None and state.type.value in ("FAILED", "CANCELLED"):
+            raise RuntimeError(f"sweep child {parameters['run_name']} ended {state.name}: see flow run {child.id}")
+        crashed = state is not None and state.type.value == "CRASHED"  # rescheduled within seconds, if deployed
+        crashed_since = (crashed_since or time.monotonic()) if crashed else None
+        if crashed_since is not None and time.monotonic() - crashed_since > crash_grace_s:
+            raise RuntimeError(f"sweep child {parameters['run_name']} crashed and was not rescheduled within "
+                               f"{crash_grace_s:.0f}s (is the crash Automation of `forgeflow deploy` there?): "
+                               f"see flow run {child.id}")
+        time.sleep(poll_s)
+
+
 @flow(name="grpo-sweep", persist_result=False)
 def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = None, overrides: dict | None = None,
                max_concurrency: int = 1, use_deployments: bool = False,
@@ -112,16 +141,11 @@ def drive_sweep(sweep_id: str, out: Path, config: str, grid: dict, points: list[
         earlier = earlier_child(base_cfg.tracking.registry_url, sweep_id, name)
         if earlier is not None and earlier[1] == "completed":
             return json.loads((run_dir(earlier[0]) / "summary.json").read_text())
-        if use_deployments:
-            from prefect.deployments import run_deployment
-
-            child = run_deployment(deployment, timeout=None,
-                                   parameters={"overrides": merged, "run_name": name, "sweep_id": sweep_id,
-                                               "parent_mlflow_run_id": parent})
-            if not child.state.is_completed():
-                raise RuntimeError(f"sweep child {name} ended {child.state.name}: see flow run {child.id}")
+        if use_deployments:  # the same child flow run again after a crash of this one (its idempotency key)
+            child = run_child_deployment(deployment, {"overrides": merged, "run_name": name, "sweep_id": sweep_id,
+                                                      "parent_mlflow_run_id": parent}, key=f"{sweep_id} · {name}")
             # results are not persisted in Prefect; the child's summary is in its run directory
-            return json.loads((run_dir(read_index(str(child.id))["run_id"]) / "summary.json").read_text())
+            return json.loads((run_dir(read_index(child)["run_id"]) / "summary.json").read_text())
         from flows.grpo import grpo_flow
 
         if earlier is not None and (run_dir(earlier[0]) / "config.yaml").exists():

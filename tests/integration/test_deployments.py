@@ -167,6 +167,41 @@ def test_a_killed_sweep_continues_its_own_sweep(prefect_stack):
     assert steps == list(range(1, 7))
 
 
+def test_a_deployment_sweep_survives_its_own_crash_and_a_childs(prefect_stack):
+    """Sweep children as deployment runs (they get the sweep's job variables): the sweep's process is killed while
+    its second child runs, then that child's process is killed. The rescheduled sweep finds its child again (one
+    flow run per point, by idempotency key) instead of starting a duplicate, and waits through the child's reschedule
+    instead of failing on its Crashed state."""
+    from infra.registry import repo, session_scope
+
+    hold = hold_step_env(4)  # only the 6-step child reaches step 4
+    cmd = [str(BIN / "prefect"), "deployment", "run", "grpo-sweep/sweep-losses", "-p", "use_deployments=true",
+           "-p", "grid=" + json.dumps({"steps": [2, 6]}), "-p", "overrides=" + json.dumps(TINY),
+           "--job-variable", "env=" + json.dumps(hold)]
+    subprocess.run(cmd, cwd=ROOT, env=prefect_stack["env"], check=True, capture_output=True)
+    sweep_run = flow_runs_of(prefect_stack, "sweep-losses")[0]
+    sweep_url = f"{prefect_stack['url']}/flow_runs/{sweep_run['id']}"
+    wait_until(lambda: held_at(hold, 4), "the sweep's second child holding step 4")
+    index = Path(os.environ["FORGEFLOW_HOME"]) / "flow_runs" / f"{sweep_run['id']}.json"
+    sweep_id = json.loads(index.read_text())["sweep_id"]
+
+    def children() -> list[dict]:
+        return [r for r in flow_runs_of(prefect_stack, "grpo-math") if sweep_id in r["tags"]]
+
+    os.kill(int(str(httpx.get(sweep_url, timeout=10).json()["infrastructure_pid"]).split(":")[-1]), signal.SIGKILL)
+    wait_until(lambda: json.loads(index.read_text()).get("attempts") == 2, "the sweep rescheduled and running again")
+    (held,) = [r for r in children() if r["state"]["type"] == "RUNNING"]
+    os.kill(int(str(held["infrastructure_pid"]).split(":")[-1]), signal.SIGKILL)
+    wait_until(lambda: httpx.get(sweep_url, timeout=10).json()["state"]["type"] == "COMPLETED",
+               "the sweep completing", patience_s=400)
+    assert len(children()) == 2, [(r["name"], r["state"]["type"]) for r in children()]  # no duplicate child
+    child_url = f"{prefect_stack['url']}/flow_runs/{held['id']}"
+    assert httpx.get(child_url, timeout=10).json()["run_count"] >= 2  # the killed child was rescheduled
+    with session_scope() as s:
+        runs = [r for r in repo.list_runs(s, sweep_id=sweep_id) if r.recipe == "grpo"]
+        assert len(runs) == 2 and all(r.status == "completed" for r in runs), [(r.id, r.status) for r in runs]
+
+
 @pytest.mark.parametrize("overrides", [
     lambda marker: {"loss": {"name": "subprocess:Popen", "args": ["touch", marker]}},
     lambda marker: {"rewards": [{"name": "subprocess:Popen", "args": ["touch", marker]}]},
