@@ -31,7 +31,7 @@ from infra import checkpoints as ckpt
 from infra import components as C
 from infra.config import dump_config
 from infra.config_checks import load_config
-from infra.flow_runs import count_attempt, remembered_id
+from infra.flow_runs import count_attempt, current_flow_run_id, remembered_id
 from infra.interrupts import interrupted_by
 from infra.paths import forgeflow_home, new_run_id, run_dir
 from infra.plots import plot_curves
@@ -100,7 +100,7 @@ def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | Non
         return fail_for_user_error(exc)
     run_id = resume or remembered_id("run_id", new_run_id)  # a rescheduled flow run resumes its own run
     try:  # one driver per run: a duplicate execution of this flow run waits, any other driver is refused
-        lock = lock_run(run_dir(run_id), run_id, str(flow_run.id) if flow_run.id else None)
+        lock = lock_run(run_dir(run_id), run_id, current_flow_run_id())
     except ValueError as exc:
         return fail_for_user_error(exc)
     with lock:

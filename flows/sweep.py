@@ -2,6 +2,8 @@
 
     grid {loss.name: [dapo, gspo]} ─▶ child grpo runs (subflows, or deployment runs with use_deployments)
                                     ─▶ sweep.json + comparison.png under <home>/sweeps/<sweep_id>
+
+A sweep flow run rescheduled after a crash continues the same sweep (infra/flow_runs.py remembers its id).
 """
 
 from __future__ import annotations
@@ -101,8 +103,8 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
     """Run every grid point (at most max_concurrency at a time), wait for all, compare them."""
     grid = grid or {"loss.name": ["grpo", "dapo", "gspo"]}
     points = grid_points(grid)
-    # a sweep flow run rescheduled after a crash continues its own sweep: finished children are kept, the others
-    # resumed (subflows die with this process) or started again
+    # a sweep flow run rescheduled after a crash continues its own sweep: finished children are kept, subflow
+    # children (they died with this process) resumed, deployment-run children found again and waited for
     sweep_id = remembered_id("sweep_id", lambda: "sweep-" + new_run_id())
     out = forgeflow_home() / "sweeps" / sweep_id
     try:  # one driver per sweep, as per run (infra/run_lock.py): a duplicate execution waits for the first
