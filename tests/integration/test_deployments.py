@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -52,57 +51,11 @@ def test_deployment_run_completes_with_every_phase_recorded(prefect_stack):
             assert names.get(f"{phase}-{version}") == "COMPLETED", sorted(names)
 
 
-def test_sweep_losses_with_two_children_completes(prefect_stack):
-    out = run_deployment_cli(prefect_stack, "grpo-sweep/sweep-losses",
-                             {"grid": {"loss.name": ["dapo", "gspo"]}, "overrides": {**TINY, "steps": 2}})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    sweep = flow_runs_of(prefect_stack, "sweep-losses")[0]
-    assert sweep["state"]["type"] == "COMPLETED"
-    children = [r for r in flow_runs_of(prefect_stack, "grpo-math") if r["parent_task_run_id"]]
-    assert len(children) >= 2, [(r["name"], r["parent_task_run_id"], r["state"]["type"])
-                                for r in flow_runs_of(prefect_stack, "grpo-math")]
-    assert all(r["state"]["type"] == "COMPLETED" for r in children[:2])
-    sweeps = sorted((Path(os.environ["FORGEFLOW_HOME"]) / "sweeps").glob("sweep-*/sweep.json"))
-    rows = json.loads(sweeps[-1].read_text())["rows"]
-    assert [r["point"] for r in rows] == ["loss.name=dapo", "loss.name=gspo"]
-    assert (sweeps[-1].parent / "comparison.png").stat().st_size > 0
-
-
-def test_killed_flow_run_process_is_rescheduled_and_completes(prefect_stack):
-    # the flow-run process waits (once) before recording step 4, and is killed there: steps are left to redo
-    hold = hold_step_env(4)
-    cmd = [str(BIN / "prefect"), "deployment", "run", "grpo/grpo-math", "-p",
-           "overrides=" + json.dumps({**TINY, "steps": 8}), "--job-variable", "env=" + json.dumps(hold)]
-    subprocess.run(cmd, cwd=ROOT, env=prefect_stack["env"], check=True, capture_output=True)
-    run = flow_runs_of(prefect_stack, "grpo-math")[0]
-    index = Path(os.environ["FORGEFLOW_HOME"]) / "flow_runs" / f"{run['id']}.json"
-    deadline = time.monotonic() + 300
-    killed = False
-    while time.monotonic() < deadline and not killed:
-        fr = httpx.get(f"{prefect_stack['url']}/flow_runs/{run['id']}", timeout=10).json()
-        if held_at(hold, 4) and fr.get("infrastructure_pid"):
-            os.kill(int(str(fr["infrastructure_pid"]).split(":")[-1]), signal.SIGKILL)
-            killed = True
-        time.sleep(0.2)
-    assert killed, "the flow-run process was never seen holding step 4 (did it get the job's env?)"
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        fr = httpx.get(f"{prefect_stack['url']}/flow_runs/{run['id']}", timeout=10).json()
-        if fr["state"]["type"] == "COMPLETED":
-            break
-        time.sleep(1)
-    assert fr["state"]["type"] == "COMPLETED", (fr["state"], flow_run_logs(prefect_stack, run["id"]))
-    assert fr["run_count"] >= 2
-    run_id = json.loads(index.read_text())["run_id"]
-    steps = [json.loads(x)["step"] for x in
-             (Path(os.environ["FORGEFLOW_HOME"]) / "runs" / run_id / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 9))
-
-
-def test_a_flow_run_executed_twice_drives_its_run_once(prefect_stack):
-    """Prefect's process worker can report one killed flow-run process Crashed twice, the second time while the
-    rescheduled attempt runs; the crash Automation then starts a third process on the same flow run (CI saw the two
-    start rival workers and crash the run). The later one waits for the run lock and returns the run's summary."""
+def test_a_killed_flow_run_is_rescheduled_and_driven_once(prefect_stack):
+    """A killed flow-run process is rescheduled by the crash Automation and its run resumed to the end. Prefect's
+    process worker can report that crash twice, the second time while the rescheduled attempt runs; the Automation
+    then starts a third process on the same flow run (CI saw the two start rival workers and crash the run). The
+    later one waits for the run lock and returns the run's summary."""
     hold = hold_step_env(4, 6)
     cmd = [str(BIN / "prefect"), "deployment", "run", "grpo/grpo-math", "-p",
            "overrides=" + json.dumps({**TINY, "steps": 8}), "--job-variable", "env=" + json.dumps(hold)]
@@ -167,21 +120,21 @@ def test_a_killed_sweep_continues_its_own_sweep(prefect_stack):
     assert steps == list(range(1, 7))
 
 
-def test_a_deployment_sweep_survives_its_own_crash_and_a_childs(prefect_stack):
-    """Sweep children as deployment runs (they get the sweep's job variables): the sweep's process is killed while
-    its second child runs, then that child's process is killed. The rescheduled sweep finds its child again (one
-    flow run per point, by idempotency key) instead of starting a duplicate, and waits through the child's reschedule
-    instead of failing on its Crashed state."""
+def test_dapo_vs_gspo_sweep_survives_its_own_crash_and_a_childs(prefect_stack):
+    """`sweep-losses` compares DAPO and GSPO as grpo-math deployment runs (linked to the sweep, with its job
+    variables). Its process is killed while the DAPO child runs, then that child's process is killed too. The
+    rescheduled sweep finds its child again (one flow run per point, by idempotency key) instead of starting a
+    duplicate, waits through the child's reschedule instead of failing on its Crashed state, and completes."""
     from infra.registry import repo, session_scope
 
-    hold = hold_step_env(4)  # only the 6-step child reaches step 4
-    cmd = [str(BIN / "prefect"), "deployment", "run", "grpo-sweep/sweep-losses", "-p", "use_deployments=true",
-           "-p", "grid=" + json.dumps({"steps": [2, 6]}), "-p", "overrides=" + json.dumps(TINY),
-           "--job-variable", "env=" + json.dumps(hold)]
+    hold = hold_step_env(4)  # the first child to reach step 4 (dapo) waits there, once
+    cmd = [str(BIN / "prefect"), "deployment", "run", "grpo-sweep/sweep-losses",
+           "-p", "grid=" + json.dumps({"loss.name": ["dapo", "gspo"]}), "-p", "overrides=" + json.dumps(
+               {**TINY, "steps": 6}), "--job-variable", "env=" + json.dumps(hold)]
     subprocess.run(cmd, cwd=ROOT, env=prefect_stack["env"], check=True, capture_output=True)
     sweep_run = flow_runs_of(prefect_stack, "sweep-losses")[0]
     sweep_url = f"{prefect_stack['url']}/flow_runs/{sweep_run['id']}"
-    wait_until(lambda: held_at(hold, 4), "the sweep's second child holding step 4")
+    wait_until(lambda: held_at(hold, 4), "the DAPO child holding step 4")
     index = Path(os.environ["FORGEFLOW_HOME"]) / "flow_runs" / f"{sweep_run['id']}.json"
     sweep_id = json.loads(index.read_text())["sweep_id"]
 
@@ -194,12 +147,17 @@ def test_a_deployment_sweep_survives_its_own_crash_and_a_childs(prefect_stack):
     os.kill(int(str(held["infrastructure_pid"]).split(":")[-1]), signal.SIGKILL)
     wait_until(lambda: httpx.get(sweep_url, timeout=10).json()["state"]["type"] == "COMPLETED",
                "the sweep completing", patience_s=400)
-    assert len(children()) == 2, [(r["name"], r["state"]["type"]) for r in children()]  # no duplicate child
-    child_url = f"{prefect_stack['url']}/flow_runs/{held['id']}"
-    assert httpx.get(child_url, timeout=10).json()["run_count"] >= 2  # the killed child was rescheduled
+    kids = children()
+    assert len(kids) == 2, [(r["name"], r["state"]["type"]) for r in kids]  # no duplicate child
+    assert all(r["state"]["type"] == "COMPLETED" and r["parent_task_run_id"] for r in kids)
+    assert httpx.get(f"{prefect_stack['url']}/flow_runs/{held['id']}", timeout=10).json()["run_count"] >= 2
     with session_scope() as s:
         runs = [r for r in repo.list_runs(s, sweep_id=sweep_id) if r.recipe == "grpo"]
         assert len(runs) == 2 and all(r.status == "completed" for r in runs), [(r.id, r.status) for r in runs]
+    out = Path(os.environ["FORGEFLOW_HOME"]) / "sweeps" / sweep_id
+    assert [r["point"] for r in json.loads((out / "sweep.json").read_text())["rows"]] == \
+        ["loss.name=dapo", "loss.name=gspo"]
+    assert (out / "comparison.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("overrides", [
