@@ -140,6 +140,10 @@ def run_command(args, extra: list[str]) -> int:
             from flows.grpo import check_resumable
 
             check_resumable(args.run_id)  # before the embedded Prefect API starts
+            from infra.paths import run_dir
+            from infra.run_lock import lock_run
+
+            lock_run(run_dir(args.run_id), args.run_id, None).release()  # refused now if another process drives it
             summary = grpo_flow(resume=args.run_id)
         else:
             summary = grpo_flow(config=args.config, overrides=overrides or None, run_name=args.run_name)

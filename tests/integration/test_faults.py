@@ -384,6 +384,10 @@ def test_a_run_driven_by_another_process_is_refused_and_left_alone(reference_sha
         with pytest.raises(Exception, match=rf"run {summary['run_id']} is being driven by pid {holder.pid} .*"
                                             rf"flow run other-flow-run"):
             grpo_flow(resume=summary["run_id"])
+        cli = subprocess.run([sys.executable, "-m", "cli", "resume", summary["run_id"]], capture_output=True,
+                             text=True, cwd=ROOT)  # refused before the embedded Prefect API starts
+        assert cli.returncode == 2 and f"being driven by pid {holder.pid}" in cli.stderr, cli.stderr[-3000:]
+        assert "Traceback" not in cli.stderr
     finally:
         holder.kill()
         holder.wait()
