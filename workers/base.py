@@ -38,15 +38,15 @@ class Worker:
         """Acknowledge; the server stops after replying."""
         return True
 
-    def await_weight_group(self) -> bool:
+    def await_weight_group(self, timeout_s: float | None = None) -> bool:
         """weightsync.backend broadcast: block until the weight-broadcast group this worker opened (trainer) or
-        joined (generator) has formed; raises at once when it could not form."""
+        joined (generator) has formed; raises at once when it could not form. With `timeout_s`: False while it is
+        still forming after that long."""
         store = getattr(self, "store", None)
         if store is None or not hasattr(store, "wait_formed"):
             raise ValueError("await_weight_group before open_weight_group / join_weight_group "
                              "(weightsync.backend: broadcast only)")
-        store.wait_formed()
-        return True
+        return store.wait_formed(timeout_s)
 
 
 def worker_device(cfg: RunConfig, role: str) -> torch.device:

@@ -44,6 +44,18 @@ class Member:
 WEIGHT_GROUP_ATTEMPTS = 3  # a fresh group (new store, new port) per attempt
 
 
+def await_members(clients: list, patience_s: float, poll_s: float = 1.0) -> None:
+    """Until every member of a forming weight-broadcast group says it has formed, asking each in turn for at most
+    `poll_s`: a member that could not form raises (WorkerCallError) at once, even while another would still wait
+    out the whole rendezvous timeout for it. After `patience_s`, the members left are waited for in full."""
+    deadline = time.monotonic() + patience_s
+    pending = list(clients)
+    while pending and time.monotonic() < deadline:
+        pending = [c for c in pending if not c.call("await_weight_group", poll_s)]
+    for client in pending:
+        client.call("await_weight_group")  # raises the member's own timeout
+
+
 @dataclass
 class WorkerPool:
     cfg: RunConfig
@@ -178,8 +190,7 @@ class WorkerPool:
             for rank, client in enumerate(generators, start=1):
                 client.call("join_weight_group", address, rank, world, device)
             try:  # a member that could not connect says so at once; the trainer would wait call_timeout_s for it
-                for client in generators:
-                    client.call("await_weight_group")
+                await_members(generators, self.cfg.workers.call_timeout_s)
             except WorkerCallError as exc:
                 log.warning("weight-broadcast group at %s did not form (attempt %d of %d): %s", address, attempt,
                             WEIGHT_GROUP_ATTEMPTS, str(exc).splitlines()[0])

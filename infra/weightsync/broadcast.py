@@ -77,14 +77,18 @@ class BroadcastWeightSync:
                                "weightsync.backend: fs, which needs no live group)") from exc
         return version
 
-    def wait_formed(self) -> None:
-        """Block until every member has joined the group; raise what went wrong if it could not form."""
-        if not self._formed.wait(self.timeout_s):
+    def wait_formed(self, timeout_s: float | None = None) -> bool:
+        """Block until every member has joined the group; raise what went wrong if it could not form. With
+        `timeout_s`, give up after it and return False while the group is still forming."""
+        if not self._formed.wait(self.timeout_s if timeout_s is None else timeout_s):
+            if timeout_s is not None:
+                return False
             raise TimeoutError(f"weight-broadcast group of {self.world_size} at {self.address} did not form within "
                                f"{self.timeout_s:.0f} s: a member never joined")
         if self.group is None:
             raise RuntimeError(f"weight-broadcast group at {self.address} failed to form: {self._error}") \
                 from self._error
+        return True
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Rank 0: tell the receivers to stop (at most `timeout_s` per message: a member may be gone already).

@@ -69,5 +69,6 @@ def test_publish_names_the_fix_when_a_generator_is_gone():
 
 def test_a_group_that_never_forms_is_reported():
     trainer = BroadcastWeightSync("127.0.0.1:0", 0, 2, timeout_s=2)  # the generator never joins
+    assert trainer.wait_formed(timeout_s=0.2) is False  # still forming: a poll says so instead of raising
     with pytest.raises((TimeoutError, RuntimeError), match="form"):
         trainer.publish(1, weights(1))
