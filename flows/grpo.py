@@ -20,7 +20,6 @@ import sys
 import time
 
 from prefect import flow, get_run_logger
-from prefect.runtime import flow_run
 from prefect.states import Crashed
 
 from forge_core.models import load_tokenizer
@@ -159,7 +158,7 @@ def drive_run(cfg, run_id: str, resume: str | None, start_time: float, *, config
                 raise
     tok = load_tokenizer(init_path or cfg.model.path)  # the weights live in the workers
     splits = C.build_splits(cfg, tok)
-    records.start(run_name, str(flow_run.id) if flow_run.id else None, dataset_fingerprint(splits.train),
+    records.start(run_name, current_flow_run_id(), dataset_fingerprint(splits.train),
                   init_checkpoint=init_path, sweep_id=sweep_id, parent_mlflow_run_id=parent_mlflow_run_id,
                   parent_run_id=sft_run, mlflow_name=mlflow_name)
     try:
@@ -201,7 +200,7 @@ def drive_run(cfg, run_id: str, resume: str | None, start_time: float, *, config
     summary = {"run_id": run_id, "run_name": run_name, "acc_before": before["eval/accuracy"],
                "acc_after": after["eval/accuracy"], "start_step": start,
                "minutes": (time.perf_counter() - start_time) / 60, "checkpoint": final,
-               "flow_run_id": str(flow_run.id) if flow_run.id else None, "task_calls": calls.count,
+               "flow_run_id": current_flow_run_id(), "task_calls": calls.count,
                "recoveries": ctx.recoveries}
     rows = records.rows()
     if rows:

@@ -15,7 +15,7 @@ from prefect.utilities.annotations import quote
 
 from infra.config import dump_config
 from infra.config_checks import load_config
-from infra.flow_runs import count_attempt
+from infra.flow_runs import count_attempt, current_flow_run_id
 from infra.paths import new_run_id, run_dir
 from infra.prefect_env import fail_for_user_error, label_flow_run
 from tasks.sft import sft_train
@@ -42,7 +42,6 @@ def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None 
     """SFT only; returns the checkpoint directory (<out_dir>/sft; a new run directory when out_dir is None).
     Registered as its own run (recipe sft) with the checkpoint, so GRPO runs started from it link back; its MLflow
     run (sft/loss, sft/lr, sft/grad_norm per step) nests under `parent_mlflow_run_id` (the GRPO run it warms up)."""
-    from prefect.runtime import flow_run
 
     from forge_core.models import load_tokenizer
     from infra import components as C
@@ -62,7 +61,7 @@ def sft_flow(config: str = "configs/sft_math_tiny.yaml", overrides: dict | None 
     dump_config(cfg, Path(out_dir) / "config.yaml")
     records = RunRecords(cfg, run_id, Path(out_dir), recipe="sft")
     tok = load_tokenizer(cfg.model.path)
-    records.start(run_name or f"sft · {run_id}", str(flow_run.id) if flow_run.id else None,
+    records.start(run_name or f"sft · {run_id}", current_flow_run_id(),
                   dataset_fingerprint(C.build_splits(cfg, tok).train), sweep_id=sweep_id,
                   parent_mlflow_run_id=parent_mlflow_run_id)
     t0 = time.perf_counter()

@@ -75,25 +75,24 @@ def run_child_deployment(deployment: str, parameters: dict, key: str, poll_s: fl
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    with get_client(sync_client=True) as client:
+    with get_client(sync_client=True) as client:  # one client for the start and every poll
         job_variables = client.read_flow_run(flow_run.id).job_variables if flow_run.id else None
-    child = run_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=key,
-                           job_variables=job_variables or None)
-    crashed_since = None
-    while True:
-        with get_client(sync_client=True) as client:
+        child = run_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=key,
+                               job_variables=job_variables or None)
+        crashed_since = None
+        while True:
             state = client.read_flow_run(child.id).state
-        if state is not None and state.is_completed():
-            return str(child.id)
-        if state is not None and state.type.value in ("FAILED", "CANCELLED"):
-            raise RuntimeError(f"sweep child {parameters['run_name']} ended {state.name}: see flow run {child.id}")
-        crashed = state is not None and state.type.value == "CRASHED"  # rescheduled within seconds, if deployed
-        crashed_since = (crashed_since or time.monotonic()) if crashed else None
-        if crashed_since is not None and time.monotonic() - crashed_since > crash_grace_s:
-            raise RuntimeError(f"sweep child {parameters['run_name']} crashed and was not rescheduled within "
-                               f"{crash_grace_s:.0f}s (is the crash Automation of `forgeflow deploy` there?): "
-                               f"see flow run {child.id}")
-        time.sleep(poll_s)
+            if state is not None and state.is_completed():
+                return str(child.id)
+            if state is not None and state.type.value in ("FAILED", "CANCELLED"):
+                raise RuntimeError(f"sweep child {parameters['run_name']} ended {state.name}: see flow run {child.id}")
+            crashed = state is not None and state.type.value == "CRASHED"  # rescheduled within seconds, if deployed
+            crashed_since = (crashed_since or time.monotonic()) if crashed else None
+            if crashed_since is not None and time.monotonic() - crashed_since > crash_grace_s:
+                raise RuntimeError(f"sweep child {parameters['run_name']} crashed and was not rescheduled within "
+                                   f"{crash_grace_s:.0f}s (is the crash Automation of `forgeflow deploy` there?): "
+                                   f"see flow run {child.id}")
+            time.sleep(poll_s)
 
 
 @flow(name="grpo-sweep", persist_result=False)

@@ -50,11 +50,15 @@ def response_hidden(model, tokens: torch.Tensor, attention_mask: torch.Tensor, p
     return pick_positions(decoder, tokens, attention_mask, positions, pack_pad_id), head
 
 
+def main_output(out) -> torch.Tensor:
+    """A decoder's last hidden state, or a whole model's logits [B, T, ·]."""
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
+
+
 def pick_positions(run, tokens, attention_mask, positions, pack_pad_id: int | None = None) -> torch.Tensor:
     """run(...)'s output [B, T, ·] at positions - 1 (what predicts each response token); run is a decoder (last
     hidden state) or a whole model (logits). With `pack_pad_id` the rows are packed into as few as fit."""
     prev = (positions - 1).clamp(min=0)
-    main_output = lambda out: out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits  # noqa: E731
     if pack_pad_id is None:
         out = main_output(run(input_ids=tokens, attention_mask=attention_mask))
         return out.gather(1, prev[..., None].expand(-1, -1, out.shape[-1]))
