@@ -189,6 +189,21 @@ def check_paths(cfg: RunConfig, where: str) -> None:
         if value and looks_local(value) and not Path(value).expanduser().exists():
             raise ValueError(f"{where}: {key} = {value!r} does not exist; fix the path (relative paths are "
                              f"resolved from {Path.cwd()})")
+    prepare_named_model(cfg, where)
+
+
+def prepare_named_model(cfg: RunConfig, where: str) -> None:
+    """A named model (model.path: smollm2-135m-instruct) is imported from its wheel here, once, in the controller,
+    before any worker starts (they then load the imported directory); a missing wheel or package is refused with
+    the command that installs it, and a corrupted import with what to delete."""
+    from forge_core.models.catalog import NAMED_MODELS, resolve_model_path
+
+    if cfg.model.path not in NAMED_MODELS:
+        return
+    try:
+        resolve_model_path(cfg.model.path, verify=True)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
 
 
 def check_dataset(cfg: RunConfig, where: str) -> None:

@@ -30,8 +30,9 @@ class ChatTemplate:
     def render(self, question: str, tokenizer=None) -> str:
         messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": question}]
         if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
-            # a readable fallback for tokenizers without a chat template
-            return f"<|system|>{self.system_prompt}\n<|user|>{question}\n<|assistant|>"
+            # markers invented here would be plain text to the model, which was never trained on them
+            raise ValueError("dataset.template: chat needs a tokenizer with a chat template, and model.path's has "
+                             "none; use dataset.template: plain (with dataset.prompt_prefix) or a chat model")
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 

@@ -8,6 +8,7 @@ import torch
 
 from forge_core.generation.decoder import make_decoder
 from forge_core.generation.sampling import SamplingParams, sample_next, stream_keys, stream_uniforms
+from forge_core.models.tokenizer import end_token_ids
 from forge_core.types import Completion
 
 log = logging.getLogger(__name__)
@@ -18,10 +19,13 @@ class TorchGenerator:
 
     def __init__(self, model, tokenizer, params: SamplingParams | None = None, max_batch: int = 512,
                  prefer_fast: bool = True, check_every: int = 0, cuda_graphs: bool | None = None,
-                 fixed_shapes: bool = False) -> None:
+                 fixed_shapes: bool = False, end_ids: list[int] | None = None) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs pad and eos tokens (set tokenizer.pad_token = tokenizer.eos_token)")
         self.model, self.tokenizer = model.eval(), tokenizer
+        # a row stops at any of these: the tokenizer's eos, generation_config's eos list, the chat end of turn
+        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.end_ids = list(end_ids) if end_ids else end_token_ids(tokenizer, configured)
         self.params = params or SamplingParams()
         self.params.validate()
         self.max_batch, self.prefer_fast = max_batch, prefer_fast
@@ -94,7 +98,8 @@ class TorchGenerator:
         decoder = make_decoder(self.model, self.prefer_fast, cuda_graphs=graphs, fixed_shapes=self.fixed_shapes)
         logits = decoder.prefill(ids, mask, params.max_new_tokens, n)
         batch, steps = logits.shape[0], params.max_new_tokens
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        pad = self.tokenizer.pad_token_id
+        ends = torch.tensor(self.end_ids, dtype=torch.long, device=device)
         tokens = torch.full((batch, steps), pad, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, steps), device=device)
         lengths = torch.full((batch,), steps, dtype=torch.long, device=device)
@@ -109,7 +114,7 @@ class TorchGenerator:
             next_tokens = torch.where(alive, next_tokens, pad)
             tokens[:, t].index_copy_(0, rows, next_tokens)
             logprobs[:, t].index_copy_(0, rows, torch.where(alive, next_lp, 0.0))
-            done = alive & (next_tokens == eos)
+            done = alive & torch.isin(next_tokens, ends)
             lengths.index_copy_(0, rows, torch.where(done, t + 1, lengths.index_select(0, rows)))
             alive = alive & ~done
             if t + 1 == steps:
@@ -123,10 +128,9 @@ class TorchGenerator:
                     decoder.select(keep)
                     rows, keys, alive, next_tokens = rows[keep], keys[keep], alive[keep], next_tokens[keep]
             logits = decoder.decode(next_tokens)
-        return self.package(tokens.cpu(), logprobs.cpu(), lengths.cpu(), prompt_indices or range(len(prompt_rows)), n,
-                            eos)
+        return self.package(tokens.cpu(), logprobs.cpu(), lengths.cpu(), prompt_indices or range(len(prompt_rows)), n)
 
-    def package(self, tokens, logprobs, lengths, prompt_indices, n, eos) -> list[list[Completion]]:
+    def package(self, tokens, logprobs, lengths, prompt_indices, n) -> list[list[Completion]]:
         """Turn padded [B, T] results into Completions grouped by prompt (metadata: its index in the call)."""
         groups: list[list[Completion]] = []
         for p, index in enumerate(prompt_indices):
@@ -135,7 +139,7 @@ class TorchGenerator:
                 row = p * n + j
                 length = int(lengths[row])
                 ids = tokens[row, :length].tolist()
-                stop = "eos" if ids and ids[-1] == eos else "length"
+                stop = "eos" if ids and ids[-1] in self.end_ids else "length"
                 group.append(Completion(
                     text=self.tokenizer.decode(ids, skip_special_tokens=True),
                     token_ids=ids, logprobs=logprobs[row, :length].tolist(),

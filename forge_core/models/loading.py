@@ -19,7 +19,8 @@ TINY_PRESETS: dict[str, dict] = {
 # untied embedding and head, as the 4B+ Qwen3 models: what tensor and pipeline parallelism need
 TINY_PRESETS["qwen3-arith-untied"] = dict(TINY_PRESETS["qwen3-arith"], tie_word_embeddings=False)
 TINY_PREFIX = "tiny:"
-SOURCES_HINT = "use a local HF directory, a reachable hub id, or a tiny preset such as tiny:qwen3-arith"
+SOURCES_HINT = ("use a local HF directory, a reachable hub id, a named model such as smollm2-135m-instruct, or a tiny "
+                "preset such as tiny:qwen3-arith")
 
 
 def check_tiny_preset(preset: str) -> None:
@@ -45,11 +46,14 @@ def build_tiny_model(preset: str, tokenizer, seed: int = 0, dtype: torch.dtype =
 
 
 def load_tokenizer(path: str):
-    """The tokenizer of `tiny:PRESET`, a local HF directory, or a hub id, without loading the model's weights."""
+    """The tokenizer of `tiny:PRESET`, a named model (imported once), a local HF directory, or a hub id, without
+    loading the model's weights; a tokenizer without a pad token pads with its eos."""
     from transformers import AutoTokenizer
 
+    from forge_core.models.catalog import resolve_model_path
     from forge_core.models.tokenizer import build_char_tokenizer
 
+    path = resolve_model_path(path)
     if path.startswith(TINY_PREFIX):
         check_tiny_preset(path[len(TINY_PREFIX):])
         return build_char_tokenizer()
@@ -67,9 +71,13 @@ def load_tokenizer(path: str):
 
 
 def load_model_and_tokenizer(path: str, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from `tiny:PRESET`, a local HF directory, or a hub id (needs network)."""
+    """(model, tokenizer) from `tiny:PRESET`, a named model (imported once), a local HF directory, or a hub id
+    (needs network)."""
     from transformers import AutoModelForCausalLM
 
+    from forge_core.models.catalog import resolve_model_path
+
+    path = resolve_model_path(path)
     tokenizer = load_tokenizer(path)
     if path.startswith(TINY_PREFIX):
         return build_tiny_model(path[len(TINY_PREFIX):], tokenizer, seed=seed, dtype=dtype), tokenizer

@@ -1,4 +1,5 @@
-"""A character-level tokenizer built locally with `tokenizers` (no download), wrapped as a HF fast tokenizer."""
+"""A character-level tokenizer built locally with `tokenizers` (no download), wrapped as a HF fast tokenizer; the
+end-of-turn ids of any tokenizer."""
 
 from __future__ import annotations
 
@@ -32,3 +33,19 @@ def build_char_tokenizer(alphabet: str | None = None):
     )
     hf.chat_template = CHAT_TEMPLATE
     return hf
+
+
+def end_token_ids(tokenizer, configured) -> list[int]:
+    """Every id that ends a turn: generation_config's eos (an int or a list), the tokenizer's eos, and the chat
+    template's end-of-turn marker when the vocabulary has one."""
+    ids: list[int] = []
+    for value in (configured if isinstance(configured, list) else [configured]) + [tokenizer.eos_token_id]:
+        if value is not None and value not in ids:
+            ids.append(int(value))
+    template = getattr(tokenizer, "chat_template", None) or ""
+    for marker in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"):
+        if marker in template:
+            token = tokenizer.convert_tokens_to_ids(marker)
+            if isinstance(token, int) and token != tokenizer.unk_token_id and token not in ids:
+                ids.append(token)
+    return ids

@@ -13,6 +13,7 @@ import torch
 
 from forge_core.seeding import restore_rng_states, rng_states
 from forge_core.training.batching import collate
+from forge_core.training.correction import mismatch_metrics
 from forge_core.training.logprobs import sequence_logprobs
 from forge_core.training.state_hash import state_sha256
 
@@ -72,6 +73,19 @@ class StepTotals:
     entropy: float = 0.0
     finite: bool = True
     weighted: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
+
+
+def add_mismatch(totals: StepTotals, current: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
+                 num_tokens: float) -> None:
+    """Add one micro-batch's behaviour/proximal mismatch (current logprobs [b, T] are the proximal ones on an
+    on-policy step) to `totals`: rollout/behaviour_kl_k3 (token mean) and rollout/behaviour_logprob_diff_max."""
+    mask = mask.bool()
+    share = mask.sum().item() / num_tokens
+    found = mismatch_metrics(current, behaviour.to(current.device), mask)
+    key, top = "rollout/behaviour_kl_k3", "rollout/behaviour_logprob_diff_max"
+    totals.weighted[key] = totals.weighted.get(key, 0.0) + share * found[key]
+    totals.maxima[top] = max(totals.maxima.get(top, 0.0), found[top])
 
 
 def lr_factor(step: int, s: TrainerSettings) -> float:
@@ -143,6 +157,9 @@ class Trainer:
             loss = self.micro_batch_loss(lp, ent, loss_mask[sl], pick(targets, "ref_logprobs", sl),
                                          pick(targets, "advantages", sl), pick(targets, "old_logprobs", sl),
                                          num_tokens, num_seqs, totals, pick(targets, "token_weights", sl))
+            behaviour = pick(targets, "behaviour_logprobs", sl)
+            if behaviour is not None:
+                add_mismatch(totals, lp.detach(), behaviour, loss_mask[sl], num_tokens)
             if not totals.finite:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise RuntimeError(f"non-finite loss ({loss.item()}) at step {self.step} (micro-batch at row {start}); "
@@ -162,7 +179,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.metrics = {"loss": totals.loss, "grad_norm": grad_norm, "lr": lr, "entropy": totals.entropy / num_tokens,
-                        "num_tokens": float(num_tokens), **totals.weighted}
+                        "num_tokens": float(num_tokens), **totals.weighted, **totals.maxima}
         return totals.loss
 
     def micro_batch_loss(self, logprobs, entropy, mask, ref_logprobs, advantages, old_logprobs, num_tokens: float,

@@ -84,6 +84,11 @@ def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stal
                                  f"{type(trainer.loss_fn).__name__} does not — add the argument or use mode: mis")
             targets["token_weights"] = fix.token_weights
         extra.update(fix.metrics)
+    elif behaviour is not None:
+        # one on-policy optimizer step: the proximal policy is the current one at the start of the step, so the
+        # ratio is π_θ / sg(π_θ) (value 1) and not π_θ / μ_generator, which a bf16 or another engine's generator
+        # would make noise that clips tokens; the trainer still reports the behaviour/proximal mismatch
+        targets = {**targets, "old_logprobs": None, "behaviour_logprobs": behaviour}
     if s.mini_batches == 1 and s.epochs == 1:
         per_step = [step_fn(inputs, targets)]  # today's single step, untouched
     else:

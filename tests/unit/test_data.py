@@ -11,6 +11,7 @@ from forge_core.data import (
     make_arith_problems,
     write_gsm8k_jsonl,
 )
+from forge_core.models import build_char_tokenizer
 from forge_core.rewards import MathReward
 
 
@@ -86,8 +87,15 @@ def test_missing_file_names_the_fix(tmp_path):
 
 def test_templates():
     assert PlainTemplate().render("3+4=") == "Q: 3+4="
-    text = ChatTemplate().render("3+4=")
-    assert "<think>" in text and "3+4=" in text
+    text = ChatTemplate().render("3+4=", build_char_tokenizer())
+    assert "<think>" in text and text.endswith("<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_chat_template_without_a_tokenizer_template_is_refused():
+    tok = build_char_tokenizer()
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="chat needs a tokenizer with a chat template.*dataset.template: plain"):
+        ChatTemplate().render("3+4=", tok)
 
 
 def test_cli_make_arith(tmp_path, capsys):

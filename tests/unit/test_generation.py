@@ -76,10 +76,12 @@ def test_eos_is_kept_and_ends_the_completion(model_and_tok):
         assert len(c.token_ids) == len(c.logprobs) and c.policy_version == 7
         # the buffer's padding (logprob 0.0) never leaks in; pad itself is an ordinary token of this vocabulary
         assert all(-50.0 < lp < 0.0 for lp in c.logprobs)
+        # every end id stops a row: the tokenizer's eos and the chat template's <|im_end|>
+        assert gen.end_ids == [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
         if c.stop_reason == "eos":
-            assert c.token_ids[-1] == tok.eos_token_id and tok.eos_token_id not in c.token_ids[:-1]
+            assert c.token_ids[-1] in gen.end_ids and not set(gen.end_ids) & set(c.token_ids[:-1])
         else:
-            assert len(c.token_ids) == 16 and tok.eos_token_id not in c.token_ids
+            assert len(c.token_ids) == 16 and not set(gen.end_ids) & set(c.token_ids)
     assert len({len(c.token_ids) for c in eos_ended}) > 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from forge_core.models import load_model_and_tokenizer
 from forge_core.training import Trainer, TrainerSettings
 from forge_core.training.batching import collate
 from forge_core.training.correction import RolloutCorrection, correct_rollout
+from forge_core.training.logprobs import sequence_logprobs
 from forge_core.training.update import mini_batch_rows, select_rows, update_policy
 from tests.unit.custom_loss_example import ScaledReinforceLoss
 from tests.unit.test_trainer import make_batch
@@ -28,16 +30,37 @@ def params(trainer: Trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for p in trainer.model.parameters()]
 
 
-def test_one_mini_batch_one_epoch_is_todays_step_bit_for_bit():
+def test_one_on_policy_step_clips_against_the_trainer_not_the_generator_bit_for_bit():
+    """One mini-batch, one epoch, fresh rollouts: the proximal policy is the trainer's weights of now, so the step
+    equals a step with old_logprobs=None (ratio π/sg(π) = 1); the generator's logprobs only feed the mismatch
+    metrics."""
     today, tok = fresh("dapo", lr=1e-3)
     new, _ = fresh("dapo", lr=1e-3)
     inputs, targets = make_batch(tok)
-    today.train_step(inputs, targets)
+    today.train_step(inputs, {**targets, "old_logprobs": None})
     metrics = update_policy(new, inputs, targets, seed=3)
     for p, q in zip(params(today), params(new), strict=True):
         assert torch.equal(p, q)
     assert metrics["loss"] == today.metrics["loss"] and metrics["optimizer_steps"] == 1.0
-    assert "rollout/behaviour_kl_k3" not in metrics  # on-policy, one update: no proximal pass
+    assert metrics["ratio_max"] == 1.0 and metrics["ratio_min"] == 1.0
+    # the behaviour logprobs of make_batch are made up, so they differ from the trainer's: k3 > 0
+    assert metrics["rollout/behaviour_kl_k3"] > 0.1 and metrics["rollout/behaviour_logprob_diff_max"] > 1.0
+
+
+def test_a_bf16_generator_beside_fp32_masters_adds_no_clipping_on_policy():
+    """The generator holds bf16 weights, the trainer fp32 masters: on-policy, no token is clipped and the ratio is
+    exactly 1, while the mismatch (k3 > 0) is reported."""
+    trainer, tok = fresh("dapo", lr=1e-3)
+    generator = copy.deepcopy(trainer.model).to(torch.bfloat16)
+    inputs, targets = make_batch(tok)
+    batch = collate(inputs, targets["padding_mask"], tok.pad_token_id)
+    with torch.no_grad():
+        behaviour, _ = sequence_logprobs(generator, batch.tokens, batch.attention_mask, batch.positions)
+    behaviour = torch.where(targets["padding_mask"], behaviour.float(), 0.0)
+    metrics = update_policy(trainer, inputs, {**targets, "old_logprobs": behaviour}, seed=0)
+    assert metrics["clip_frac_low"] == 0.0 and metrics["clip_frac_high"] == 0.0
+    assert metrics["ratio_min"] == 1.0 and metrics["ratio_max"] == 1.0
+    assert 0.0 < metrics["rollout/behaviour_kl_k3"] < 0.05
 
 
 def test_k_mini_batches_are_k_sequential_optimizer_steps_against_the_proximal_policy():
