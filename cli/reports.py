@@ -126,7 +126,10 @@ def render_samples(data: dict, width: int = 100) -> str:
     for r in data["rows"]:
         if r["prompt"] != prompt:
             prompt = r["prompt"]
-            lines += ["", f"prompt (target {r['target']!r}):", *("  " + x for x in prompt.splitlines())]
+            question = r.get("question") or prompt
+            lines += ["", f"question (target {r['target']!r}): {question}"]
+            if question != prompt:  # the whole prompt (system turn, template) below the question it renders
+                lines += ["as prompted:", *("  " + x for x in prompt.splitlines())]
         text = " ⏎ ".join(r["completion"].splitlines())
         text = text if len(text) <= width else text[:width - 1] + "…"
         lines.append(f"  reward {r['reward']:.3f}  adv {r['advantage']:+.3f}  v{r['policy_version']}  {text}")

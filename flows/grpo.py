@@ -83,6 +83,12 @@ class FlowRecorder:
     def rollback(self, step: int) -> None:
         self.records.rollback(step)
 
+    def evaluation(self, version: int) -> dict[str, float]:
+        """The eval/* metrics recorded at step `version` (empty when it was not evaluated): the last step's, when
+        the schedule evaluated it, are the final evaluation (greedy and seeded: evaluating again gives the same)."""
+        row = next((r for r in reversed(self.records.rows()) if r.get("step") == version), {})
+        return {k: v for k, v in row.items() if k.startswith("eval/")}
+
 
 @flow(name="grpo", persist_result=False)
 def grpo_flow(config: str = "configs/grpo_math_tiny.yaml", overrides: dict | None = None,
@@ -244,7 +250,8 @@ def run_to_end(ctx: RunContext, roles, start: int, recorder: FlowRecorder) -> tu
     while True:
         run_grpo_steps(roles, C.run_schedule(ctx.cfg), step, recorder)
         try:
-            return roles.generator.evaluate(ctx.cfg.steps), final_checkpoint(ctx, roles)
+            after = recorder.evaluation(ctx.cfg.steps) or roles.generator.evaluate(ctx.cfg.steps)
+            return after, final_checkpoint(ctx, roles)
         except RolledBack as back:
             log.warning("trainer restored to step %d after the last step; redoing the steps from there", back.step)
             step = back.step

@@ -39,6 +39,7 @@ class Group:
     prompt: str
     target: str
     episodes: list[Episode]
+    question: str = ""  # the problem as the user asked it (the prompt renders it in a template)
 
     @property
     def rewards(self) -> list[float]:

@@ -99,7 +99,10 @@ def read_splits(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
 def build_splits(cfg: RunConfig, tokenizer) -> ProblemSplits:
     """Problems plus prompts rendered with the configured template."""
     train, held_out = load_splits(cfg)
-    kwargs = {"prefix": cfg.dataset.prompt_prefix} if cfg.dataset.template == "plain" else {}
+    if cfg.dataset.template == "plain":
+        kwargs = {"prefix": cfg.dataset.prompt_prefix}
+    else:
+        kwargs = {} if cfg.dataset.system_prompt is None else {"system_prompt": cfg.dataset.system_prompt}
     template = build_template(cfg.dataset.template, **kwargs)
     render = lambda ps: [template.render(p.question, tokenizer) for p in ps]  # noqa: E731
     return ProblemSplits(train, render(train), held_out, render(held_out))

@@ -40,7 +40,8 @@ class DatasetConfig:
     seed: int = 0  # data seed (fixed across run seeds so every run is judged on the same held-out set)
     on_error: str = "raise"  # raise | skip malformed rows
     template: str = "plain"  # plain | chat
-    prompt_prefix: str = "Q: "
+    prompt_prefix: str = "Q: "  # template plain: the text before each question
+    system_prompt: str | None = None  # template chat: the system turn (null: ask for <think>/<answer> tags)
     train_size: int = 20000
     max_value: int = 99
     num_terms: int = 2

@@ -193,15 +193,15 @@ def check_paths(cfg: RunConfig, where: str) -> None:
 
 
 def prepare_named_model(cfg: RunConfig, where: str) -> None:
-    """A named model (model.path: smollm2-135m-instruct) is imported from its wheel here, once, in the controller,
-    before any worker starts (they then load the imported directory); a missing wheel or package is refused with
-    the command that installs it, and a corrupted import with what to delete."""
-    from forge_core.models.catalog import NAMED_MODELS, resolve_model_path
+    """A named model (model.path: smollm2-135m-instruct): a missing wheel or package is refused with the command
+    that installs it, and a corrupted import with what to delete, before anything starts. The import itself runs
+    once, at the run's first load in the controller (so the run's minutes count it), before any worker starts."""
+    from forge_core.models.catalog import NAMED_MODELS, check_named_model
 
     if cfg.model.path not in NAMED_MODELS:
         return
     try:
-        resolve_model_path(cfg.model.path, verify=True)
+        check_named_model(cfg.model.path)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
 

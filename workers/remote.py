@@ -67,6 +67,8 @@ def remote_evaluate(pool, problems: Sequence[Problem], prompts: Sequence[str], s
     if samples:
         metrics["eval/sampled_accuracy"] = sum_rates(results, "eval/sampled_accuracy", shards, samples) / (
             len(problems) * samples)
+        key = f"eval/pass_at_{samples}"
+        metrics[key] = sum_rates(results, key, shards, 1) / len(problems)
     metrics["timing/eval"] = time.perf_counter() - t0
     return metrics
 

@@ -63,10 +63,12 @@ class TorchGenerator:
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], n: int = 1, seed: int | None = None,
-                 params: SamplingParams | None = None, prompt_keys: list[int] | None = None) -> list[list[Completion]]:
+                 params: SamplingParams | None = None, prompt_keys: list[int] | None = None,
+                 prompt_ids: list[list[int]] | None = None) -> list[list[Completion]]:
         """n completions for each prompt (list per prompt). Prompt i is seeded with seed + prompt_keys[i] (default
         seed + i, as each vLLM request is), so its samples do not depend on which prompts share its batch, chunk
-        or replica; seeded calls are reproducible."""
+        or replica; seeded calls are reproducible. `prompt_ids`: the prompts already tokenized (token-in: they are
+        sampled from as given, never re-tokenized)."""
         params = params or self.params
         params.validate()
         keys = list(range(len(prompts))) if prompt_keys is None else list(prompt_keys)
@@ -76,7 +78,7 @@ class TorchGenerator:
             seed = int(torch.randint(2**31 - 1, ()).item())
         per_chunk = max(1, self.max_batch // n)
         # chunks of prompts of similar length (less left padding); the keyed streams make the order irrelevant
-        rows = self.tokenize(prompts)
+        rows = self.tokenize(prompts) if prompt_ids is None else checked_rows(prompt_ids, len(prompts))
         order = sorted(range(len(prompts)), key=lambda i: len(rows[i]))
         out: list[list[Completion]] = [None] * len(prompts)  # type: ignore[list-item]
         for start in range(0, len(prompts), per_chunk):
@@ -148,3 +150,12 @@ class TorchGenerator:
                 ))
             groups.append(group)
         return groups
+
+
+def checked_rows(prompt_ids: list[list[int]], num_prompts: int) -> list[list[int]]:
+    """Token rows given with the prompts, checked: one non-empty row per prompt."""
+    rows = [list(r) for r in prompt_ids]
+    if len(rows) != num_prompts or any(len(r) == 0 for r in rows):
+        raise ValueError(f"prompt_ids needs one non-empty token row per prompt; got {len(rows)} rows for "
+                         f"{num_prompts} prompts")
+    return rows

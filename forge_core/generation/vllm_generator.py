@@ -59,17 +59,26 @@ class VLLMGenerator:
                                         top_k=params.top_k if params.top_k > 0 else -1,
                                         max_tokens=params.max_new_tokens, logprobs=0, seed=seed)
 
+    def tokenize(self, prompts: list[str]) -> list[list[int]]:
+        """Each prompt's token ids (no special tokens added: a chat template already holds its own)."""
+        return [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+
     def generate(self, prompts: list[str], n: int = 1, seed: int | None = None,
-                 params: SamplingParams | None = None, prompt_keys: list[int] | None = None) -> list[list[Completion]]:
+                 params: SamplingParams | None = None, prompt_keys: list[int] | None = None,
+                 prompt_ids: list[list[int]] | None = None) -> list[list[Completion]]:
         """n completions for each prompt; prompt i is its own request seeded with seed + prompt_keys[i] (default i),
-        as TorchGenerator seeds it."""
+        as TorchGenerator seeds it. Token-in: vLLM gets `prompt_token_ids` (the given `prompt_ids`, else this
+        tokenizer's ids without special tokens), never text, so it adds no BOS of its own."""
         params = params or self.params
         params.validate()
         keys = list(range(len(prompts))) if prompt_keys is None else list(prompt_keys)
         if len(keys) != len(prompts):
             raise ValueError(f"prompt_keys has {len(keys)} entries for {len(prompts)} prompts; give one per prompt")
+        rows = self.tokenize(list(prompts)) if prompt_ids is None else [list(r) for r in prompt_ids]
+        if len(rows) != len(prompts) or any(len(r) == 0 for r in rows):
+            raise ValueError("every prompt needs a non-empty token row (prompt_ids: one row per prompt)")
         requests = [self.vllm_params(params, n, None if seed is None else seed + k) for k in keys]
-        outputs = self.llm.generate(list(prompts), requests, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], requests, use_tqdm=False)
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} results for {len(prompts)} prompts")
         return [[self.to_completion(c) for c in out.outputs] for out in outputs]

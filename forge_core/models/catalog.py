@@ -152,3 +152,14 @@ def resolve_model_path(path: str, cache_root: Path | None = None, verify: bool =
     elif verify:
         check_import(out)
     return str(out)
+
+
+def check_named_model(name: str, cache_root: Path | None = None) -> None:
+    """Before a run starts: an imported named model's checksums hold, or it can be imported here (its wheel, gguf
+    and accelerate are installed); ValueError with the fix otherwise. The import itself happens at first load."""
+    out = (cache_root or model_cache_root()) / name
+    if (out / MARKER).is_file():
+        check_import(out)
+        return
+    wheel_file(name)
+    require_gguf_support()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from forge_core.advantages import group_advantages
 from forge_core.types import Group
 
-SAMPLE_COLUMNS = ("step", "prompt", "completion", "target", "reward", "advantage", "policy_version", "stop_reason")
+SAMPLE_COLUMNS = ("step", "question", "prompt", "completion", "target", "reward", "advantage", "policy_version", "stop_reason")
 
 
 def sample_rows(groups: list[Group], step: int, prompts: int, advantage: dict | None = None) -> list[dict]:
@@ -21,9 +21,10 @@ def sample_rows(groups: list[Group], step: int, prompts: int, advantage: dict | 
     options = dict(advantage or {"name": "grpo"})
     advantages = group_advantages(chosen, options.pop("name"), **options)
     episodes = [e for g in chosen for e in g.episodes]
-    return [{"step": step, "prompt": e.prompt, "completion": e.completion.text, "target": e.target,
+    questions = [g.question or g.prompt for g in chosen for _ in g.episodes]
+    return [{"step": step, "question": q, "prompt": e.prompt, "completion": e.completion.text, "target": e.target,
              "reward": float(e.reward), "advantage": float(a), "policy_version": int(e.completion.policy_version),
-             "stop_reason": e.completion.stop_reason} for e, a in zip(episodes, advantages, strict=True)]
+             "stop_reason": e.completion.stop_reason} for q, e, a in zip(questions, episodes, advantages, strict=True)]
 
 
 def samples_markdown(rows: list[dict], max_chars: int = 400) -> str:
@@ -36,8 +37,11 @@ def samples_markdown(rows: list[dict], max_chars: int = 400) -> str:
         if r["prompt"] != prompt:
             prompt = r["prompt"]
             target = clip(str(r["target"]), max_chars).replace("\n", " ⏎ ")
-            lines += ["", f"**Prompt** (target `{target}`):", "", "```", clip(prompt, max_chars), "```", "",
-                      "| reward | advantage | completion |", "|---:|---:|---|"]
+            question = clip(str(r.get("question") or prompt), max_chars).replace("\n", " ⏎ ")
+            lines += ["", f"**Question**: {question} (target `{target}`)", ""]
+            if question != prompt:  # the whole prompt (system turn, template) after the question, not before it
+                lines += ["<sub>as prompted:</sub>", "", "```", clip(prompt, max_chars), "```", ""]
+            lines += ["| reward | advantage | completion |", "|---:|---:|---|"]
         text = clip(r["completion"], max_chars).replace("|", "\\|").replace("\n", " ⏎ ")
         lines.append(f"| {r['reward']:.3f} | {r['advantage']:+.3f} | {text} |")
     return "\n".join(lines).strip() + "\n"

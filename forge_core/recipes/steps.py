@@ -45,14 +45,15 @@ def rollout(generator: TorchGenerator, problems: Sequence[Problem], prompts: Seq
             seed: int, params: SamplingParams | None = None, prompt_keys: Sequence[int] | None = None) -> list[Group]:
     """Sample `group_size` completions for each prompt; one Group per problem. Prompt i is seeded with
     seed + prompt_keys[i] (default i): a replica given part of a step's prompts samples them as one generator would."""
+    # token-in, token-out: each prompt is tokenized once; the generator samples from these ids and the trainer
+    # trains on the same ids followed by the sampled ones (no text is re-tokenized in between)
+    rows = generator.tokenize(list(prompts))
     completions = generator.generate(list(prompts), n=group_size, seed=seed, params=params,
-                                     prompt_keys=None if prompt_keys is None else list(prompt_keys))
-    tok = generator.tokenizer
+                                     prompt_keys=None if prompt_keys is None else list(prompt_keys), prompt_ids=rows)
     groups = []
-    for problem, prompt, comps in zip(problems, prompts, completions, strict=True):
-        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    for problem, prompt, prompt_ids, comps in zip(problems, prompts, rows, completions, strict=True):
         episodes = [Episode(prompt, problem.solution, prompt_ids, c) for c in comps]
-        groups.append(Group(prompt, problem.solution, episodes))
+        groups.append(Group(prompt, problem.solution, episodes, question=problem.question))
     return groups
 
 
@@ -152,6 +153,8 @@ def rollout_metrics(groups: list[Group], step: int, seconds: float) -> dict[str,
     """rollout/* length, truncation, throughput and staleness statistics of step `step`'s groups sampled in
     `seconds`; staleness = step - the version that sampled an episode, also as a histogram (fraction per age)."""
     comps = [e.completion for g in groups for e in g.episodes]
+    if not comps:  # dynamic sampling kept no group (every round all-equal): nothing to train, nothing to describe
+        return {"rollout/num_episodes": 0.0, "rollout/tokens_per_s": 0.0, "timing/rollout": seconds}
     lengths = [len(c.token_ids) for c in comps]
     ages = [step - c.policy_version for c in comps]
     metrics = {
@@ -170,12 +173,17 @@ def rollout_metrics(groups: list[Group], step: int, seconds: float) -> dict[str,
     return metrics
 
 
+def pass_at_k(hits: Sequence[Sequence[bool]]) -> float:
+    """pass@k with k = the samples per prompt: the fraction of prompts with at least one correct sample."""
+    return sum(any(h) for h in hits) / max(len(hits), 1)
+
+
 def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Sequence[str], max_new_tokens: int,
              judge=None, samples: int = 0, temperature: float = 1.0, seed: int = 0,
              prompt_keys: Sequence[int] | None = None) -> dict[str, float]:
     """Held-out greedy accuracy (judge = MathReward: 1.0 means correct); with samples > 0 also the mean
-    sampled accuracy at `temperature`, a smoother signal than the greedy one (prompt i seeded with seed +
-    prompt_keys[i], default i)."""
+    sampled accuracy at `temperature`, a smoother signal than the greedy one, and pass@samples (prompt i seeded
+    with seed + prompt_keys[i], default i)."""
     judge = judge or MathReward()
     start = time.perf_counter()
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
@@ -186,7 +194,8 @@ def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Se
         sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
         outs = generator.generate(list(prompts), n=samples, seed=seed, params=sampled,
                                   prompt_keys=None if prompt_keys is None else list(prompt_keys))
-        hits = [judge(p, c.text, prob.solution) >= 1.0 for p, o, prob in zip(prompts, outs, problems) for c in o]
-        metrics["eval/sampled_accuracy"] = sum(hits) / len(hits)
+        hits = [[judge(p, c.text, prob.solution) >= 1.0 for c in o] for p, o, prob in zip(prompts, outs, problems)]
+        metrics["eval/sampled_accuracy"] = sum(map(sum, hits)) / sum(map(len, hits))
+        metrics[f"eval/pass_at_{samples}"] = pass_at_k(hits)
     metrics["timing/eval"] = time.perf_counter() - start
     return metrics

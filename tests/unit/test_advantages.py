@@ -109,3 +109,31 @@ def test_grpo_loop_refills_dropped_groups():
     kept = m["rollout/num_episodes"] / 8
     assert m["rollout/sampled_groups"] > 8 and kept > 4  # refilling kept more than the first round's 4
     assert m["rollout/dropped_groups"] == m["rollout/sampled_groups"] - kept
+
+
+def test_a_step_whose_refills_keep_no_group_trains_nothing_and_goes_on():
+    """Every sampled group all-equal in every round (a cold start where nothing is ever right): the step makes no
+    optimizer step and reports it, instead of failing on statistics of no episodes."""
+    import torch
+
+    from forge_core.data import make_arith_problems
+    from forge_core.generation import SamplingParams, TorchGenerator
+    from forge_core.losses import get_loss
+    from forge_core.models import load_model_and_tokenizer
+    from forge_core.recipes.grpo import GRPOLoop, GRPOSettings
+    from forge_core.rewards import CombinedReward
+    from forge_core.training import Trainer, TrainerSettings
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
+    problems = make_arith_problems(40, seed=0)
+    prompts = [p.question for p in problems]
+    params = SamplingParams(max_new_tokens=2)
+    never = CombinedReward([("never", lambda p, r, t: 0.0, 1.0)])
+    trainer = Trainer(model, get_loss("grpo"), TrainerSettings(), 0)
+    before = [p.detach().clone() for p in model.parameters()]
+    loop = GRPOLoop(TorchGenerator(model, tok, params), trainer, never, problems, prompts, problems[:2], prompts[:2],
+                    GRPOSettings(steps=2, prompts_per_step=4, group_size=4, filter_groups=True, fill_rounds=2,
+                                 eval_every=0, sampling=params), tok.pad_token_id)
+    m = loop.run_step(0)
+    assert m["rollout/num_episodes"] == 0.0 and m["loss/skipped"] == 1.0 and m["rollout/fill_rounds"] == 2.0
+    assert trainer.step == 0 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

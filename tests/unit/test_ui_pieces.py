@@ -44,6 +44,18 @@ def test_samples_markdown_keeps_each_row_on_one_line():
     assert samples_markdown([]) == "_no samples_"
 
 
+def test_samples_of_chat_prompts_show_the_users_question_before_the_system_turn():
+    chat = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n2+2=<|im_end|>\n"
+    g = group(chat, [1.0, 0.0])
+    g.question = "2+2="
+    rows = sample_rows([g], 1, 4)
+    assert [r["question"] for r in rows] == ["2+2=", "2+2="] and rows[0]["prompt"] == chat
+    md = samples_markdown(rows)
+    assert md.index("**Question**: 2+2=") < md.index("<|im_start|>system")
+    plain = samples_markdown(sample_rows([group("3+3=", [1.0, 0.0])], 1, 4))
+    assert "**Question**: 3+3=" in plain and "as prompted" not in plain  # a plain prompt is shown once
+
+
 def test_metrics_table_has_the_named_columns_and_blanks_for_missing_metrics():
     (row,) = metrics_table([{"step": 3, "reward/mean": 0.123456, "loss/loss": -0.5, "timing/step": 1.0}])
     assert row["step"] == 3 and row["reward"] == 0.1235 and row["loss"] == -0.5 and row["accuracy"] == ""

@@ -44,3 +44,20 @@ def test_weights_are_replaced_in_place_from_the_store(tmp_path):
     assert all(c.policy_version == 5 for c in got)
     for name, value in trained.state_dict().items():
         assert torch.equal(gen.llm.worker.model_runner.model.torch_model.state_dict()[name], value)
+
+
+def test_prompts_go_to_vllm_as_token_ids_so_it_adds_no_bos_of_its_own():
+    """vLLM tokenizes a text prompt with the tokenizer's special tokens (a BOS where it adds one); the adapter
+    sends the ids the trainer trains on instead. With a tokenizer that adds a BOS, text would differ."""
+    from tokenizers.processors import TemplateProcessing
+
+    gen, _, tok = adapter()
+    bos = tok.convert_tokens_to_ids("<|endoftext|>")
+    tok._tokenizer.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    assert tok("1+2=")["input_ids"][0] == bos  # what vLLM would sample from, given the text
+    prompts = ["1+2=", "7-3="]
+    gen.generate(prompts, n=1, seed=0)
+    assert gen.llm.prompt_rows == [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    given = [[5, 6, 7], [8, 9]]  # ids from the caller (the rollout's single tokenization) are sent as given
+    gen.generate(prompts, n=1, seed=0, prompt_ids=given)
+    assert gen.llm.prompt_rows[-2:] == given

@@ -50,6 +50,7 @@ class StandInLLM:
         self.inner = TorchGenerator(model.eval(), tokenizer, OurParams())
         self.worker = SimpleNamespace(model_runner=SimpleNamespace(model=StandInModel(model)))
         self.requests: list[StandInSamplingParams] = []
+        self.prompt_rows: list[list[int]] = []  # the token ids each request was sampled from
         self.prefix_resets = 0
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
@@ -59,7 +60,14 @@ class StandInLLM:
             assert sp.logprobs == 0, "the adapter must ask for the sampled tokens' logprobs"
             params = OurParams(temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0),
                                max_new_tokens=sp.max_tokens)
-            comps = self.inner.generate([prompt], n=sp.n, seed=sp.seed, params=params)[0]
+            # like vLLM: a TokensPrompt is sampled from its ids as given; a text prompt is tokenized with the
+            # tokenizer's special tokens (a BOS where the tokenizer adds one), which is why the adapter sends ids
+            if isinstance(prompt, dict):
+                ids = list(prompt["prompt_token_ids"])
+            else:
+                ids = self.inner.tokenizer(prompt)["input_ids"]
+            self.prompt_rows.append(ids)
+            comps = self.inner.generate([""], n=sp.n, seed=sp.seed, params=params, prompt_ids=[ids])[0]
             outputs.append(SimpleNamespace(prompt=prompt, outputs=[SimpleNamespace(
                 text=c.text, token_ids=tuple(c.token_ids),
                 logprobs=[{t: StandInLogprob(lp), -1: StandInLogprob(-99.0)} for t, lp in zip(c.token_ids, c.logprobs)],
