@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from forge_core.generation import TorchGenerator
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
+from forge_core.models.lora import plain_model
 from forge_core.recipes.grpo import GRPOLoop, GRPOSettings
 from forge_core.recipes.steps import evaluate
 from forge_core.training import Trainer
@@ -33,6 +34,7 @@ def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
     generator = TorchGenerator(model, tok, params)
     trainer = Trainer(C.prepare_trained_model(cfg, model), C.build_loss(cfg), C.trainer_settings(cfg),
                       tok.pad_token_id)
+    trainer.reference_from_base = C.reference_from_base(cfg)  # LoRA: the base model is the reference
     ref_model = None
     if C.needs_reference(cfg):
         ref_model, _ = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed)
@@ -81,7 +83,7 @@ def run_main_job(cfg: RunConfig, run_name: str | None = None, show: bool = True)
     before = judge()
     history = grpo_phase(cfg, model, tok, splits, show) if cfg.steps > 0 else []
     after = judge()
-    final = save_model_and_tokenizer(model, tok, out / "final")
+    final = save_model_and_tokenizer(plain_model(model), tok, out / "final")  # LoRA: adapters merged
     summary = {
         "run_id": run_id, "run_name": run_name, "acc_before": before["eval/accuracy"],
         "acc_after": after["eval/accuracy"], "minutes": (time.perf_counter() - start) / 60, "checkpoint": str(final),

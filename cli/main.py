@@ -35,6 +35,25 @@ def add_model_commands(sub) -> None:
     imp.add_argument("--out", help="output directory (default for a named model: $FORGEFLOW_HOME/models/NAME)")
 
 
+def add_export_command(sub) -> None:
+    export = sub.add_parser("export", help="a run's checkpoint as a plain HF model directory (LoRA adapters merged)")
+    export.add_argument("run_id")
+    export.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest complete one)")
+    export.add_argument("--out", required=True, help="new output directory")
+
+
+def run_export(args) -> int:
+    from infra.checkpoints import export_hf
+    from infra.paths import forgeflow_home
+
+    run = forgeflow_home() / "runs" / args.run_id
+    if not (run / "config.yaml").is_file():
+        raise ValueError(f"no run {args.run_id!r} under {run.parent}; `forgeflow runs ls` lists the runs")
+    out = export_hf(run / "checkpoints", args.out, args.step)
+    print(f"exported {args.run_id} to {out} (model.path: {out})")
+    return 0
+
+
 def run_model_import(args) -> int:
     from forge_core.models.catalog import NAMED_MODELS, import_gguf, resolve_model_path, wheel_file
 
@@ -290,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_data_commands(sub)
     add_model_commands(sub)
+    add_export_command(sub)
     add_run_commands(sub)
     return parser
 
@@ -311,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             if extra:
                 parser.error(f"unrecognised arguments: {' '.join(extra)}")
             return run_model_import(args)
+        if args.command == "export":
+            return run_export(args)
         if args.command == "deploy":
             from cli.deploy import deploy
 

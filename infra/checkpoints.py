@@ -108,3 +108,27 @@ def load_inflight(checkpoint_dir: Path, step: int) -> list | None:
     batches = [batches] if isinstance(batches, tuple) else batches  # a checkpoint from before max_policy_age > 1
     log.info("step %d: training on the %d batch(es) saved with its checkpoint (sampled ahead)", step, len(batches))
     return batches
+
+
+def export_hf(checkpoint_dir: Path, out: Path, step: int | None = None) -> Path:
+    """Copy the HF weights of a run's complete checkpoint (`step`, default the latest) to `out`: a plain model
+    (LoRA adapters already merged when it was saved) that `from_pretrained` opens; written beside `out` and
+    renamed, so `out` is absent or complete. ValueError naming the steps there are."""
+    import shutil
+
+    done = {int(p.name.split("-")[1]): p for p in complete_checkpoints(checkpoint_dir)}
+    if not done:
+        raise ValueError(f"no complete checkpoint under {checkpoint_dir}; a run writes one every checkpoint.every "
+                         "steps and at its end")
+    step = max(done) if step is None else step
+    if step not in done:
+        raise ValueError(f"no complete checkpoint at step {step} under {checkpoint_dir}; there are {sorted(done)}")
+    source = done[step] / HF_DIR
+    out = Path(out)
+    if out.exists():
+        raise ValueError(f"{out} already exists; choose a new --out directory")
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    tmp.rename(out)
+    return out

@@ -36,11 +36,14 @@ def compute_dtype(cfg: RunConfig) -> torch.dtype | None:
 
 
 def prepare_trained_model(cfg: RunConfig, model):
-    """The trainer section's speed knobs on an HF model about to be trained (hf backend; titan applies its own)."""
+    """The trainer section's LoRA adapters (trainer.lora.rank > 0) and speed knobs on an HF model about to be
+    trained (hf backend; titan applies its own)."""
+    from forge_core.models.lora import apply_lora
     from forge_core.training.speed import prepare_for_training
 
     if cfg.trainer.backend != "hf":
         return model
+    apply_lora(model, cfg.trainer.lora)
     return prepare_for_training(model, cfg.trainer.activation_checkpointing, cfg.trainer.compile)
 
 
@@ -167,11 +170,22 @@ def sft_settings(cfg: RunConfig) -> TrainerSettings:
                            max_norm=cfg.trainer.max_norm, compute_dtype=compute_dtype(cfg), pack=cfg.trainer.pack)
 
 
-def needs_reference(cfg: RunConfig) -> bool:
-    """Whether a reference model is scored: `auto` means when loss.beta > 0."""
+def wants_reference(cfg: RunConfig) -> bool:
+    """Whether the loss gets reference logprobs: `auto` means when loss.beta > 0."""
     if cfg.ref_model.enabled == "auto":
         return cfg.loss.beta > 0
     return cfg.ref_model.enabled == "true"
+
+
+def needs_reference(cfg: RunConfig) -> bool:
+    """Whether a reference model is scored by a reference worker (or a reference copy in-process); with LoRA the
+    trainer scores it itself, with its adapters disabled (`reference_from_base`), so there is none."""
+    return wants_reference(cfg) and not cfg.trainer.lora.enabled
+
+
+def reference_from_base(cfg: RunConfig) -> bool:
+    """Whether the trainer scores the reference policy as its base model, adapters off (LoRA runs)."""
+    return wants_reference(cfg) and cfg.trainer.lora.enabled
 
 
 def run_schedule(cfg: RunConfig) -> Schedule:

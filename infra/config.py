@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from forge_core.generation.sampling import SamplingParams
+from forge_core.models.lora import LoRAConfig
 from forge_core.training.correction import LEVELS, MODES, RolloutCorrection
 from infra.plugins import refuse_plugin_overrides
 
@@ -80,6 +81,7 @@ class TrainerConfig:
     entropy_coef: float = 0.0
     mini_batches: int = 1  # optimizer steps per rollout batch (PPO mini-batches; each normalised over its tokens)
     epochs: int = 1  # passes over the rollout batch
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank 0: full fine-tuning; rank > 0: adapters only
 
 
 @dataclass

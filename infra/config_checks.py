@@ -70,6 +70,7 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     if cfg.reward.timeout_s < 0:
         raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
     check_trainer_layout(cfg, where)
+    check_lora(cfg, where)
     check_sft_batch(cfg, where)
     if cfg.generator.backend == "vllm" and cfg.weightsync.backend != "fs":
         raise ValueError(f"{where}: generator.backend vllm reads weights from files, so weightsync.backend "
@@ -108,6 +109,28 @@ def check_policy_update(cfg: RunConfig, where: str) -> None:
     if cfg.fill_rounds > 1 and not cfg.filter_groups:
         raise ValueError(f"{where}: fill_rounds = {cfg.fill_rounds} refills the groups filter_groups drops; set "
                          "filter_groups: true (or fill_rounds: 1)")
+
+
+def check_lora(cfg: RunConfig, where: str) -> None:
+    """trainer.lora: its own value checks, and the trainer layouts it does not run in yet, refused with the reason."""
+    lora, t = cfg.trainer.lora, cfg.trainer
+    try:
+        lora.check()
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    if not lora.enabled:
+        return
+    if t.backend != "hf":
+        raise ValueError(f"{where}: trainer.lora.rank {lora.rank} needs trainer.backend: hf (the titan backend "
+                         "rebuilds the model in torchtitan's own modules, which have no adapters yet); set "
+                         "trainer.lora.rank: 0 for titan")
+    if t.procs > 1:
+        raise ValueError(f"{where}: trainer.lora.rank {lora.rank} with trainer.procs {t.procs}: sharding a model "
+                         "with frozen base weights and adapters over FSDP2 ranks has not been built and tested yet; "
+                         "use trainer.procs: 1 with LoRA (adapters need little memory) or trainer.lora.rank: 0")
+    if t.compile:
+        raise ValueError(f"{where}: trainer.lora with trainer.compile is not supported yet (compiled layers are "
+                         "built before the adapters); set trainer.compile: false")
 
 
 def packed_masks_supported() -> bool:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
+from forge_core.models.lora import has_lora, merged_state_dict, plain_model
 from forge_core.recipes import steps
 from forge_core.training import Trainer, state_sha256
 from forge_core.training.trainer import loss_mask_of, save_atomically
@@ -56,6 +57,7 @@ class TrainerWorker(Worker):
             if self.world > 1:
                 shard_model(model)
         self.trainer = self._make_trainer(model, C.build_loss(cfg), C.trainer_settings(cfg))
+        self.trainer.reference_from_base = C.reference_from_base(cfg)  # LoRA: the base model is the reference
         self.sft_trainer: Trainer | None = None  # built by the first sft_step (its own optimizer and schedule)
         self.store = store
         self.schedule = C.run_schedule(cfg)
@@ -162,8 +164,10 @@ class TrainerWorker(Worker):
         return full_state_dict(self.trainer.model)
 
     def _hf_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """`state` in HF layout (what generators and the reference load)."""
-        return self.trainer.model.to_hf_state_dict(state) if self.cfg.trainer.backend == "titan" else state
+        """`state` in HF layout (what generators and the reference load): LoRA adapters merged into plain keys."""
+        if self.cfg.trainer.backend == "titan":
+            return self.trainer.model.to_hf_state_dict(state)
+        return merged_state_dict(self.trainer.model) if has_lora(self.trainer.model) else state
 
     def _publish(self, version: int) -> int:
         # collective when sharded: every rank gathers, rank 0 writes
@@ -229,7 +233,7 @@ class TrainerWorker(Worker):
         if self.cfg.trainer.backend == "titan":
             return self.trainer.model.to_hf_model(state)
         if self.world == 1:
-            return self.trainer.model
+            return plain_model(self.trainer.model)  # LoRA: a plain model with the adapters merged
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_config(self.trainer.model.config)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from forge_core.models.lora import adapters_disabled
 from forge_core.seeding import restore_rng_states, rng_states
 from forge_core.training.batching import collate
 from forge_core.training.correction import mismatch_metrics
@@ -115,6 +116,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, settings))
         self.step = 0
         self.metrics: dict[str, float] = {}
+        # LoRA runs with a KL term: the reference policy is this model with its adapters off (no reference copy)
+        self.reference_from_base = False
 
     def logprobs(self, inputs: list[dict], padding_mask: torch.Tensor, with_entropy: bool = False):
         """(logprobs [B, T], entropy or None) of the response tokens under the current weights."""
@@ -135,6 +138,13 @@ class Trainer:
         parts = [self.logprobs(inputs[i:i + mb], mask[i:i + mb])[0] for i in range(0, len(inputs), mb)]
         lp = torch.cat(parts, 0)
         return torch.where(mask.to(lp.device), lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
+
+    @torch.no_grad()
+    def reference_logprobs(self, inputs: list[dict], padding_mask: torch.Tensor) -> torch.Tensor:
+        """Logprobs [B, T] of the response tokens under the base model, every LoRA adapter off (the reference
+        policy of a LoRA run), micro-batched."""
+        with adapters_disabled(self.model):
+            return self.proximal_logprobs(inputs, padding_mask)
 
     def train_step(self, inputs: list[dict], targets: dict, num_tokens: int | None = None,
                    num_seqs: int | None = None) -> float:

@@ -70,6 +70,8 @@ def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stal
     correction = correction or RolloutCorrection()
     step_fn = step_fn or (lambda i, t: (trainer.train_step(i, t), dict(trainer.metrics))[1])
     extra: dict[str, float] = {}
+    if getattr(trainer, "reference_from_base", False) and targets.get("ref_logprobs") is None:
+        targets = {**targets, "ref_logprobs": trainer.reference_logprobs(inputs, targets["padding_mask"])}
     behaviour = targets.get("old_logprobs")
     if behaviour is not None and needs_proximal(s.mini_batches, s.epochs, stale, correction):
         mask = targets["padding_mask"].bool()

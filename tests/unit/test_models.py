@@ -71,3 +71,16 @@ def test_load_errors_name_the_path(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="without config.json"):
         load_model_and_tokenizer(str(tmp_path / "empty"))
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_its_eos_and_generates(tmp_path):
+    from forge_core.generation import SamplingParams, TorchGenerator
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-micro")
+    tok.pad_token = None  # as many pretrained tokenizers ship (Llama 3, GPT-2)
+    save_model_and_tokenizer(model, tok, tmp_path)
+    loaded = load_tokenizer(str(tmp_path))
+    assert loaded.pad_token_id == loaded.eos_token_id and loaded.padding_side == "left"
+    model2, tok2 = load_model_and_tokenizer(str(tmp_path))
+    out = TorchGenerator(model2, tok2, SamplingParams(max_new_tokens=3)).generate(["1+2=", "10+20="], n=2, seed=0)
+    assert [len(g) for g in out] == [2, 2] and all(1 <= len(c.token_ids) <= 3 for g in out for c in g)
