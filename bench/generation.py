@@ -20,9 +20,12 @@ from forge_core.generation import SamplingParams, TorchGenerator  # noqa: E402
 from forge_core.models import load_model_and_tokenizer  # noqa: E402
 
 
-def no_eos(model, eos_id):
+def no_eos(model, end_ids):
+    """Mask every end id's logit (an int or a list: TorchGenerator.end_ids), so each row runs to its length."""
+    ids = [end_ids] if isinstance(end_ids, int) else list(end_ids)
+
     def hook(_m, _i, out):
-        out[..., eos_id] = float("-inf")
+        out[..., ids] = float("-inf")
         return out
     return model.lm_head.register_forward_hook(hook)
 
@@ -63,7 +66,7 @@ def main() -> None:
     model.eval()
     prompts = [f"{a}+{b}=" for a, b in zip(range(args.batch), range(args.batch, 0, -1))]
     gen = TorchGenerator(model, tok)
-    handle = no_eos(model, tok.eos_token_id)
+    handle = no_eos(model, gen.end_ids)
     rows = []
     for new_tokens in (32, 128):
         time_ours(gen, prompts[:8], 4)  # warm-up

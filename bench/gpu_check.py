@@ -79,7 +79,7 @@ def measure_generation(model, tok, prompts, n, new_tokens, repeats: int) -> dict
     """tokens/s of TorchGenerator and of HF generate (dynamic and static cache) on prompts × n rows, EOS masked."""
     rows = [p for p in prompts for _ in range(n)]  # HF gets every row; TorchGenerator prefills once per prompt
     gen = TorchGenerator(model, tok, SamplingParams(temperature=1.0, max_new_tokens=new_tokens))
-    handle = no_eos(model, tok.eos_token_id)
+    handle = no_eos(model, gen.end_ids)
     try:
         time_ours(gen, prompts[:2], 4)  # warm-up
         ours = min(timed_ours(gen, prompts, n, new_tokens) for _ in range(repeats))

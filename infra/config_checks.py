@@ -124,10 +124,6 @@ def check_lora(cfg: RunConfig, where: str) -> None:
         raise ValueError(f"{where}: trainer.lora.rank {lora.rank} needs trainer.backend: hf (the titan backend "
                          "rebuilds the model in torchtitan's own modules, which have no adapters yet); set "
                          "trainer.lora.rank: 0 for titan")
-    if t.procs > 1:
-        raise ValueError(f"{where}: trainer.lora.rank {lora.rank} with trainer.procs {t.procs}: sharding a model "
-                         "with frozen base weights and adapters over FSDP2 ranks has not been built and tested yet; "
-                         "use trainer.procs: 1 with LoRA (adapters need little memory) or trainer.lora.rank: 0")
     if t.compile:
         raise ValueError(f"{where}: trainer.lora with trainer.compile is not supported yet (compiled layers are "
                          "built before the adapters); set trainer.compile: false")

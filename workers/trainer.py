@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
-from forge_core.models.lora import has_lora, merged_state_dict, plain_model
+from forge_core.models.lora import merge_lora_state
 from forge_core.recipes import steps
 from forge_core.training import Trainer, state_sha256
 from forge_core.training.trainer import loss_mask_of, save_atomically
@@ -167,7 +167,8 @@ class TrainerWorker(Worker):
         """`state` in HF layout (what generators and the reference load): LoRA adapters merged into plain keys."""
         if self.cfg.trainer.backend == "titan":
             return self.trainer.model.to_hf_state_dict(state)
-        return merged_state_dict(self.trainer.model) if has_lora(self.trainer.model) else state
+        lora = self.cfg.trainer.lora
+        return merge_lora_state(state, lora.alpha / lora.rank) if lora.enabled else state
 
     def _publish(self, version: int) -> int:
         # collective when sharded: every rank gathers, rank 0 writes
@@ -232,12 +233,12 @@ class TrainerWorker(Worker):
         """A transformers model with the full weights `state` (for save_pretrained)."""
         if self.cfg.trainer.backend == "titan":
             return self.trainer.model.to_hf_model(state)
-        if self.world == 1:
-            return plain_model(self.trainer.model)  # LoRA: a plain model with the adapters merged
+        if self.world == 1 and not self.cfg.trainer.lora.enabled:
+            return self.trainer.model
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_config(self.trainer.model.config)
-        model.load_state_dict(state)
+        model.load_state_dict(self._hf_state(state))  # LoRA: a plain model with the adapters merged
         return model
 
     @collective

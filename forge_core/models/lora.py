@@ -68,11 +68,6 @@ class LoRALinear(nn.Module):
             return out
         return out + (self.dropout(x) @ self.lora_A.t().to(x.dtype)) @ (self.lora_B.t() * self.scale).to(x.dtype)
 
-    def merged_weight(self) -> torch.Tensor:
-        """W + B A · scale [out, in], detached, in the base weight's dtype."""
-        delta = (self.lora_B.detach().float() @ self.lora_A.detach().float()) * self.scale
-        return (self.base.weight.detach().float() + delta).to(self.base.weight.dtype)
-
 
 def apply_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
     """Wrap every nn.Linear whose name ends in one of cfg.target_modules in a LoRALinear and freeze every other
@@ -101,16 +96,26 @@ def has_lora(model: nn.Module) -> bool:
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights with every adapter merged, under the plain model's keys (what an HF model, a generator
     or the weight store expects); tensors of unwrapped modules are the model's own (no copy)."""
-    state = model.state_dict()
+    scales = {m.scale for m in model.modules() if isinstance(m, LoRALinear)}
+    assert len(scales) <= 1, "apply_lora gives every adapter the same scale"
+    return merge_lora_state(model.state_dict(), scales.pop() if scales else 1.0)
+
+
+def merge_lora_state(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """A state dict of a LoRA-wrapped model (`X.base.weight`, `X.lora_A`, `X.lora_B`, … full tensors, e.g. gathered
+    from FSDP shards) as the plain model's (`X.weight = W + B A · scale`, in W's dtype); other entries unchanged."""
+    adapted = {k[: -len(".lora_A")] for k in state if k.endswith(".lora_A")}
     merged: dict[str, torch.Tensor] = {}
-    wrapped = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
     for key, value in state.items():
         owner, _, leaf = key.rpartition(".")
-        if owner in wrapped and leaf in ("lora_A", "lora_B"):
+        if owner in adapted and leaf in ("lora_A", "lora_B"):
             continue
-        module_name, _, base_leaf = owner.rpartition(".")
-        if base_leaf == "base" and module_name in wrapped:  # <module>.base.weight / .bias -> <module>.weight / .bias
-            merged[f"{module_name}.{leaf}"] = wrapped[module_name].merged_weight() if leaf == "weight" else value
+        module, _, base = owner.rpartition(".")
+        if base == "base" and module in adapted:  # X.base.weight / X.base.bias -> X.weight / X.bias
+            if leaf == "weight":
+                delta = (state[f"{module}.lora_B"].float() @ state[f"{module}.lora_A"].float()) * scale
+                value = (value.float() + delta).to(value.dtype)
+            merged[f"{module}.{leaf}"] = value
         else:
             merged[key] = value
     return merged
