@@ -2,7 +2,8 @@
 
 Each variant runs in its own process (peak memory is the process's): the same in-process GRPO steps from the same
 weights and seed, held-out greedy accuracy before and after. Prints a table of trainable parameters, optimizer
-bytes, peak RSS, s per train step, the bytes a weight sync moves (merged full weights, bf16, which is what
+bytes, peak RSS, train seconds per full step (per trained row × prompts_per_step × group_size: dynamic sampling
+trains only informative groups, more of them as a variant learns), the bytes a weight sync moves (merged full weights, bf16, which is what
 forgeflow publishes; and what an adapter-only sync would move) and the held-out gain, then
 `RESULT step_ratio=… (full s/step ÷ lora s/step) mem_ratio=… gain_full=… gain_lora=…`.
 
@@ -15,7 +16,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -57,10 +57,14 @@ def run_variant(args) -> dict:
     after = held_out()
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
-    trained = [r["timing/train"] for r in history if r.get("loss/optimizer_steps")]
+    # dynamic sampling trains only the informative groups, so the rows per step vary (and grow as a variant
+    # learns): time per trained row, scaled to a full step of prompts_per_step × group_size rows
+    trained = [r for r in history if r.get("loss/optimizer_steps")]
+    rows = sum(r["rollout/num_episodes"] for r in trained)
+    per_step = sum(r["timing/train"] for r in trained) / rows * cfg.prompts_per_step * cfg.group_size if rows else 0
     return {"variant": args.variant, "trainable": trainable, "adam_bytes": 8 * trainable,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "train_s_per_step": statistics.median(trained) if trained else float("nan"),
+            "train_s_per_step": per_step or float("nan"), "trained_rows": rows,
             "sync_bytes_merged": 2 * total, "sync_bytes_adapters": 2 * trainable if has_lora(model) else 2 * total,
             "before": before, "after": after, "gain": after - before, "minutes": minutes}
 
@@ -88,11 +92,11 @@ def main() -> int:
     full, lora = rows
     print(f"\nSmolLM2-135M-Instruct, {args.steps} in-process GRPO steps of configs/grpo_smollm2.yaml, seed {args.seed}, "
           f"LoRA rank {args.rank} (alpha {2 * args.rank}) on the attention and MLP projections")
-    print(f"{'':>10} {'trainable':>12} {'AdamW MB':>9} {'peak RSS GB':>12} {'train s/step':>13} "
+    print(f"{'':>10} {'trainable':>12} {'AdamW MB':>9} {'peak RSS GB':>12} {'train s/64 rows':>16} "
           f"{'sync MB (merged)':>17} {'sync MB (adapters)':>19} {'held-out':>15} {'min':>5}")
     for r in rows:
         print(f"{r['variant']:>10} {r['trainable']:>12,} {r['adam_bytes'] / 1e6:>9.1f} {r['peak_rss_gb']:>12.2f} "
-              f"{r['train_s_per_step']:>13.2f} {r['sync_bytes_merged'] / 1e6:>17.1f} "
+              f"{r['train_s_per_step']:>16.2f} {r['sync_bytes_merged'] / 1e6:>17.1f} "
               f"{r['sync_bytes_adapters'] / 1e6:>19.1f} {r['before']:.3f} → {r['after']:.3f} {r['minutes']:>5.1f}")
     print(f"RESULT step_ratio={full['train_s_per_step'] / lora['train_s_per_step']:.2f} "
           f"mem_ratio={full['peak_rss_gb'] / lora['peak_rss_gb']:.2f} gain_full={full['gain']:.3f} "
