@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from forge_core.losses import get_loss
 from forge_core.models import save_model_and_tokenizer
+from forge_core.models.lora import plain_model
 from forge_core.recipes.sft import make_sft_examples, run_sft
 from forge_core.training import Trainer
 from infra import components as C
@@ -31,7 +32,7 @@ def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool, report:
                   report)
     if trained is not model:
         model.load_state_dict(trained.to_hf_state_dict())  # the HF model goes on to generate and to disk
-    return save_model_and_tokenizer(model, tok, out / "sft")
+    return save_model_and_tokenizer(plain_model(model), tok, out / "sft")  # LoRA: adapters merged
 
 
 def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool, report: StepReport | None = None) -> None:

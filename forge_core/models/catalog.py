@@ -111,16 +111,20 @@ def import_gguf(gguf: str | Path, out: str | Path) -> Path:
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    weights = sorted(p.name for p in tmp.glob("*.safetensors"))
-    marker = {"source": str(gguf), "source_sha256": sha256_file(gguf),
-              "weights_sha256": {name: sha256_file(tmp / name) for name in weights},
-              "parameters": sum(p.numel() for p in model.parameters()), "architecture": type(model).__name__}
-    (tmp / MARKER).write_text(json.dumps(marker, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        weights = sorted(p.name for p in tmp.glob("*.safetensors"))
+        marker = {"source": str(gguf), "source_sha256": sha256_file(gguf),
+                  "weights_sha256": {name: sha256_file(tmp / name) for name in weights},
+                  "parameters": sum(p.numel() for p in model.parameters()), "architecture": type(model).__name__}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:  # a full disk or Ctrl-C: leave no half-written directory behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     log.info("imported %s -> %s (%d parameters) in %.1f s", gguf, out, marker["parameters"],
              time.perf_counter() - start)
     return out

@@ -117,3 +117,21 @@ def test_lora_settings_are_checked_and_what_cannot_work_yet_is_refused():
     from infra import components as C
 
     assert cfg.trainer.lora.rank == 8 and not C.needs_reference(cfg) and C.reference_from_base(cfg)
+
+
+def test_sft_with_lora_saves_a_plain_model_with_the_adapters_merged(tmp_path):
+    from safetensors.torch import load_file
+
+    from infra import components as C
+    from infra.sft import sft_phase
+
+    cfg = load_config("configs/grpo_math_tiny.yaml", {"model.path": "tiny:qwen3-micro", "sft.steps": 3,
+                                                      "sft.batch_size": 4, "sft.lr": 1e-2, "trainer.lora.rank": 4})
+    model, tok = load_model_and_tokenizer(cfg.model.path, seed=0)
+    base_q = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    saved = sft_phase(cfg, model, tok, C.build_splits(cfg, tok), tmp_path, show=False)
+    weights = load_file(saved / "model.safetensors")
+    assert not any("lora_" in k or ".base." in k for k in weights)
+    assert not torch.equal(weights["model.layers.0.self_attn.q_proj.weight"], base_q)  # the adapters' change
+    torch.testing.assert_close(weights["model.layers.0.self_attn.q_proj.weight"],
+                               merged_state_dict(model)["model.layers.0.self_attn.q_proj.weight"])
