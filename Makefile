@@ -33,7 +33,8 @@ services:
 
 test: $(STAMP) services
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	# two pytest processes, a test file each: the tests wait on worker start-ups and servers about half the time
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -36,7 +36,7 @@ from generation import no_eos, time_hf, time_ours  # noqa: E402
 from forge_core.generation import SamplingParams, TorchGenerator  # noqa: E402
 from forge_core.losses import get_loss  # noqa: E402
 from forge_core.models.tokenizer import build_char_tokenizer  # noqa: E402
-from forge_core.training import Trainer, TrainerSettings, episodes_to_train_inputs  # noqa: E402
+from forge_core.training import Trainer, TrainerConfig, episodes_to_train_inputs  # noqa: E402
 from forge_core.types import Completion, Episode  # noqa: E402
 from infra.weightsync import FSWeightStore, default_store_root  # noqa: E402
 
@@ -160,9 +160,8 @@ def measure_training(model, tok, episodes, steps: int, device, pack: bool = Fals
         from forge_core.models.titan import titan_from_hf
 
         master = titan_from_hf(master)
-    trainer = Trainer(master, get_loss("grpo"),
-                      TrainerSettings(lr=1e-6, micro_batch_size=max(1, len(episodes) // 4), compute_dtype=compute,
-                                      pack=pack), tok.pad_token_id)
+    trainer = Trainer(master, get_loss("grpo"), TrainerConfig(lr=1e-6, micro_batch_size=max(1, len(episodes) // 4),
+                                                              pack=pack), tok.pad_token_id, compute_dtype=compute)
     inputs, targets = episodes_to_train_inputs(episodes, tok.pad_token_id)
     trainer.train_step(inputs, targets)  # warm-up (optimizer state allocation; compilation)
     reset_peak(device)

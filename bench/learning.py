@@ -21,8 +21,6 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from cli.inprocess import grpo_phase  # noqa: E402
-from cli.main import quiet_libraries  # noqa: E402
 from forge_core.generation import TorchGenerator  # noqa: E402
 from forge_core.models import load_model_and_tokenizer  # noqa: E402
 from forge_core.recipes.steps import evaluate  # noqa: E402
@@ -30,8 +28,10 @@ from infra import components as C  # noqa: E402
 from infra.config import parse_overrides  # noqa: E402
 from infra.config_checks import load_config  # noqa: E402
 from infra.paths import new_run_id, run_dir  # noqa: E402
-from infra.plots import plot_curves  # noqa: E402
-from infra.sft import sft_phase  # noqa: E402
+from runtime.inprocess import grpo_phase  # noqa: E402
+from runtime.plots import plot_curves  # noqa: E402
+from runtime.progress import quiet_libraries  # noqa: E402
+from runtime.sft import sft_phase  # noqa: E402
 
 LOSSES = ("grpo", "dapo", "gspo", "cispo", "sapo")
 # each family with its published clip settings (SAPO has no KL term)
@@ -60,7 +60,7 @@ def loss_section(name: str, beta: float) -> dict:
 
 
 def held_out(cfg, model, tok, splits) -> dict:
-    gen = TorchGenerator(model, tok, C.sampling_params(cfg))
+    gen = TorchGenerator(model, tok, cfg.generator)
     return evaluate(gen, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens, seed=cfg.seed)
 
 

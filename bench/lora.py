@@ -29,13 +29,13 @@ def run_variant(args) -> dict:
     """One variant in this process: returns its measurements."""
     import torch
 
-    from cli.inprocess import grpo_phase
     from forge_core.generation import TorchGenerator
     from forge_core.models import load_model_and_tokenizer
     from forge_core.models.lora import has_lora
     from forge_core.recipes.steps import evaluate
     from infra import components as C
     from infra.config_checks import load_config
+    from runtime.inprocess import grpo_phase
 
     overrides = {"steps": args.steps, "eval.every": 0, "trainer.lr": args.lr, "seed": args.seed}
     if args.variant == "lora":
@@ -47,7 +47,7 @@ def run_variant(args) -> dict:
     splits = C.build_splits(cfg, tok)
 
     def held_out() -> float:
-        gen = TorchGenerator(model, tok, C.sampling_params(cfg))
+        gen = TorchGenerator(model, tok, cfg.generator)
         return evaluate(gen, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens)["eval/accuracy"]
 
     before = held_out()

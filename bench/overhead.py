@@ -15,13 +15,13 @@ import statistics
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from cli.inprocess import grpo_phase  # noqa: E402
-from cli.main import quiet_libraries  # noqa: E402
 from flows.grpo import grpo_flow  # noqa: E402
 from forge_core.models import load_model_and_tokenizer  # noqa: E402
 from infra import components as C  # noqa: E402
 from infra.config_checks import load_config  # noqa: E402
 from infra.paths import run_dir  # noqa: E402
+from runtime.inprocess import grpo_phase  # noqa: E402
+from runtime.progress import quiet_libraries  # noqa: E402
 
 PHASES = ("timing/rollout", "timing/reward", "timing/reference", "timing/train", "timing/sync")
 

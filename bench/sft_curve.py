@@ -13,7 +13,6 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from cli.main import quiet_libraries  # noqa: E402
 from forge_core.generation import TorchGenerator  # noqa: E402
 from forge_core.losses import get_loss  # noqa: E402
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer  # noqa: E402
@@ -24,7 +23,8 @@ from infra import components as C  # noqa: E402
 from infra.config import parse_overrides  # noqa: E402
 from infra.config_checks import load_config  # noqa: E402
 from infra.paths import new_run_id, run_dir  # noqa: E402
-from infra.plots import plot_curves  # noqa: E402
+from runtime.plots import plot_curves  # noqa: E402
+from runtime.progress import quiet_libraries  # noqa: E402
 
 
 def main() -> None:
@@ -41,8 +41,9 @@ def main() -> None:
     splits = C.build_splits(cfg, tok)
     n = cfg.sft.examples or len(splits.train)
     examples = make_sft_examples(splits.train[:n], splits.train_prompts[:n], tok, cfg.sft.response)
-    trainer = Trainer(model, get_loss("sft"), C.sft_settings(cfg), tok.pad_token_id)
-    generator = TorchGenerator(model, tok, C.sampling_params(cfg))
+    config, options = C.trainer_arguments(cfg, sft=True)
+    trainer = Trainer(model, get_loss("sft"), config, tok.pad_token_id, **options)
+    generator = TorchGenerator(model, tok, cfg.generator)
     curve, t0 = [], time.perf_counter()
 
     def on_step(step, metrics):

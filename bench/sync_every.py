@@ -16,9 +16,9 @@ import statistics
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from cli.main import quiet_libraries  # noqa: E402
 from flows.grpo import grpo_flow  # noqa: E402
 from infra.paths import run_dir  # noqa: E402
+from runtime.progress import quiet_libraries  # noqa: E402
 
 
 def mean_seconds(run_id: str, skip: int) -> dict[str, float]:

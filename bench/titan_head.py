@@ -17,7 +17,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from forge_core.losses import LOSSES
 from forge_core.models.titan import titan_from_hf
 from forge_core.training import Trainer
-from forge_core.training.trainer import TrainerSettings
+from forge_core.training.config import TrainerConfig
 
 
 class WholeSequenceHead(torch.nn.Module):
@@ -36,7 +36,7 @@ class WholeSequenceHead(torch.nn.Module):
 
 def step_seconds(model, args) -> float:
     """Mean seconds of one optimizer step on a fixed batch (after one warm-up step)."""
-    trainer = Trainer(model, LOSSES["grpo"](beta=0.0), TrainerSettings(lr=1e-5, micro_batch_size=args.batch), 0)
+    trainer = Trainer(model, LOSSES["grpo"](beta=0.0), TrainerConfig(lr=1e-5, micro_batch_size=args.batch), 0)
     g = torch.Generator().manual_seed(0)
     inputs = [{"tokens": torch.randint(1, args.vocab, (args.prompt + args.response,), generator=g).tolist()}
               for _ in range(args.batch)]

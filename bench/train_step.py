@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from forge_core.losses import get_loss  # noqa: E402
 from forge_core.models.tokenizer import build_char_tokenizer  # noqa: E402
-from forge_core.training import Trainer, TrainerSettings, episodes_to_train_inputs  # noqa: E402
+from forge_core.training import Trainer, TrainerConfig, episodes_to_train_inputs  # noqa: E402
 from forge_core.types import Completion, Episode  # noqa: E402
 
 
@@ -56,20 +56,27 @@ def saved_bytes(trainer: Trainer, inputs, mask) -> int:
     return sum(storages.values())
 
 
+def best_step_seconds(trainer: Trainer, inputs, targets, repeats: int) -> float:
+    """The fastest of `repeats` optimizer steps on (inputs, targets), after one warm-up step."""
+    trainer.train_step(inputs, targets)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        trainer.train_step(inputs, targets)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 def measure(model, tok, eps, plain: bool, pack: bool, repeats: int) -> tuple[float, int]:
     # a hooked LM head runs as a module: the plain path (how forgeflow treats heads it cannot fuse)
     handle = model.lm_head.register_forward_hook(lambda *_: None) if plain else None
     try:
-        trainer = Trainer(model, get_loss("grpo"), TrainerSettings(lr=1e-7, micro_batch_size=len(eps), pack=pack),
-                          tok.pad_token_id)
+        # every row has its own prompt here: bench/shared_prompts.py measures GRPO groups that share theirs
+        config = TrainerConfig(lr=1e-7, micro_batch_size=len(eps), pack=pack, share_prompts=False)
+        trainer = Trainer(model, get_loss("grpo"), config, tok.pad_token_id)
         inputs, targets = episodes_to_train_inputs(eps, tok.pad_token_id)
-        trainer.train_step(inputs, targets)  # warm-up
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            trainer.train_step(inputs, targets)
-            times.append(time.perf_counter() - t0)
-        return min(times), saved_bytes(trainer, inputs, targets["padding_mask"].bool())
+        return best_step_seconds(trainer, inputs, targets, repeats), saved_bytes(trainer, inputs,
+                                                                                targets["padding_mask"].bool())
     finally:
         if handle is not None:
             handle.remove()

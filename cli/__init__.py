@@ -1,8 +1,8 @@
-"""forgeflow command line (see DESIGN.md): the `forgeflow` entry point, reports, deploy, the in-process main job.
+"""forgeflow command line (see DESIGN.md): the `forgeflow` entry point, reports, deploy, the UIs.
 
 Prefect is configured before anything imports it.
 """
 
-from infra.prefect_env import configure_prefect
+from runtime.prefect_env import configure_prefect
 
 configure_prefect()

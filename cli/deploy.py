@@ -3,7 +3,7 @@ Prefect server named by PREFECT_API_URL.
 
 The Automation reschedules Crashed flow runs of forgeflow deployments (tag `forgeflow`): a killed flow-run process
 gets the same flow run (same parameters), which resumes its own run (or sweep) from its latest checkpoint. The flows
-count the attempts that did their work (infra/flow_runs.py; the process worker can report one crash twice) and refuse
+count the attempts that did their work (runtime/flow_runs.py; the process worker can report one crash twice) and refuse
 more than `MAX_FLOW_RUN_ATTEMPTS`, so a run that keeps crashing ends Failed instead of looping.
 """
 
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS
+from runtime.prefect_env import MAX_FLOW_RUN_ATTEMPTS
 
 log = logging.getLogger(__name__)
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 
-from infra.interrupts import INTERRUPTED, interrupted_by, note_interrupt
-from infra.orphan_guard import start_orphan_guard
-from infra.prefect_env import configure_terminal_logging, stop_retrying_embedded_api
+from runtime.interrupts import INTERRUPTED, interrupted_by, note_interrupt
+from runtime.orphan_guard import start_orphan_guard
+from runtime.prefect_env import configure_terminal_logging, stop_retrying_embedded_api
+from runtime.progress import quiet_libraries
 
 
 def add_data_commands(sub) -> None:
@@ -172,19 +172,19 @@ def run_command(args, extra: list[str]) -> int:
         if getattr(args, "dry_run", False):
             return print_plan(args, cfg, extra)
     if args.command == "grpo" and args.in_process:
-        from cli.inprocess import run_main_job
+        from runtime.inprocess import run_main_job
 
         summary = run_main_job(cfg, args.run_name, show=not args.no_progress)
     elif args.command in ("grpo", "resume"):
         from flows.grpo import grpo_flow
-        from infra.prefect_env import wait_for_task_runs
+        from runtime.prefect_env import wait_for_task_runs
 
         if args.command == "resume":
             from flows.grpo import check_resumable
 
             check_resumable(args.run_id)  # before the embedded Prefect API starts
             from infra.paths import run_dir
-            from infra.run_lock import lock_run
+            from runtime.run_lock import lock_run
 
             lock_run(run_dir(args.run_id), args.run_id, None).release()  # refused now if another process drives it
             summary = grpo_flow(resume=args.run_id)
@@ -207,7 +207,7 @@ def run_command(args, extra: list[str]) -> int:
                              max_concurrency=args.max_concurrency)
     print(json.dumps(summary, indent=2, default=str) if args.json else summary_text(summary))
     if "acc_before" in summary:
-        from cli.inprocess import result_line
+        from runtime.progress import result_line
 
         print(result_line(summary))
     return 0
@@ -275,20 +275,6 @@ def parse_overrides(extra: list[str]) -> dict:
     from infra.config import parse_overrides as parse
 
     return parse(extra)
-
-
-def quiet_libraries() -> None:
-    """Keep library progress bars and chatter out of the run's own progress output."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    try:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-        transformers.logging.disable_progress_bar()
-    except ImportError:
-        pass
 
 
 def on_ctrl_c(signum, frame) -> None:

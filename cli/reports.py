@@ -94,7 +94,7 @@ def compare_runs(run_ids: list[str], metrics: list[str], out: str | None = None,
             curves[label] = [curve_rows[k] for k in sorted(curve_rows)]
     result = {"metrics": metrics, "runs": rows}
     if out:
-        from infra.plots import panels_with_data, plot_curves
+        from runtime.plots import panels_with_data, plot_curves
 
         result["plot"] = str(plot_curves(curves, out, keys=tuple(metrics), title="forgeflow compare"))
         result["panels"] = panels_with_data(curves, metrics)

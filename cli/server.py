@@ -42,7 +42,7 @@ def server_command(port: int, host: str = "127.0.0.1", auth_file: str | None = N
 
 def run_server(port: int, host: str = "127.0.0.1", auth_file: str | None = None) -> int:
     """`prefect server start` (state under FORGEFLOW_HOME/prefect); returns its exit status."""
-    from infra.prefect_env import configure_prefect
+    from runtime.prefect_env import configure_prefect
 
     configure_prefect()
     argv, env = server_command(port, host, auth_file)

@@ -96,7 +96,7 @@ def stop(procs: list) -> None:
 def run_ui(mlflow_port: int = 5000, prefect_port: int = 4200) -> int:
     """Serve both UIs (reusing running servers); print their addresses; Ctrl-C stops what this command started."""
     from infra.paths import forgeflow_home
-    from infra.prefect_env import configure_prefect
+    from runtime.prefect_env import configure_prefect
 
     configure_prefect()
     # Ctrl-C and `kill` stop the servers instead of orphaning them; SIGINT is installed explicitly because a

@@ -1,5 +1,5 @@
 """forgeflow flows layer (see DESIGN.md). Prefect is configured before anything imports it."""
 
-from infra.prefect_env import configure_prefect
+from runtime.prefect_env import configure_prefect
 
 configure_prefect()

@@ -18,6 +18,8 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.states import Crashed
@@ -28,18 +30,19 @@ from forge_core.recipes.iteration import run_grpo_steps
 from forge_core.recipes.samples import sample_rows, samples_markdown
 from infra import checkpoints as ckpt
 from infra import components as C
+from infra import sft_cache
 from infra.config import dump_config
 from infra.config_checks import load_config
-from infra.flow_runs import count_attempt, current_flow_run_id, remembered_id
-from infra.interrupts import interrupted_by
 from infra.paths import forgeflow_home, new_run_id, run_dir
-from infra.plots import plot_curves
-from infra.prefect_artifacts import RunArtifacts
-from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS, fail_for_user_error, label_flow_run
-from infra.progress import line_for_step
 from infra.records import RunRecords, dataset_fingerprint
 from infra.registry import repo, session_scope
-from infra.run_lock import lock_run
+from runtime.flow_runs import count_attempt, current_flow_run_id, remembered_id
+from runtime.interrupts import interrupted_by
+from runtime.plots import plot_curves
+from runtime.prefect_artifacts import RunArtifacts
+from runtime.prefect_env import MAX_FLOW_RUN_ATTEMPTS, fail_for_user_error, label_flow_run
+from runtime.progress import held_out_summary, line_for_step
+from runtime.run_lock import lock_run
 from tasks.context import RunContext, register_run, unregister_run
 from tasks.phases import TaskCalls, task_roles
 from tasks.recovery import lost_worker, restore_latest
@@ -134,83 +137,161 @@ def completed_summary(cfg, run_id: str) -> dict | None:
 def drive_run(cfg, run_id: str, resume: str | None, start_time: float, *, config: str, overrides: dict | None,
               run_name: str | None, sweep_id: str | None, parent_mlflow_run_id: str | None) -> dict:
     """The run itself (new, or resumed from its directory), with its lock held; returns the run summary."""
-    resume = resume or (run_id if (run_dir(run_id) / "config.yaml").exists() else None)
-    out = run_dir(run_id)
-    if resume:  # the resumed run keeps its recorded config (overrides on resume are not allowed to change it)
-        cfg = load_config(out / "config.yaml")
-    else:
-        dump_config(cfg, out / "config.yaml")
-    label_flow_run(f"grpo · {cfg.loss.name} · {run_id}", [run_id, cfg.loss.name, *([sweep_id] if sweep_id else [])])
-    logger = get_run_logger()  # again: its lines carry the flow run's new name
-    logger.info("run %s (%s) in %s", run_id, run_name or "unnamed", out)
+    cfg, out = open_run_dir(cfg, run_id, resume)
+    name_flow_run(cfg, run_id, run_name, sweep_id)
+    get_run_logger().info("run %s (%s) in %s", run_id, run_name or "unnamed", out)  # under the flow run's new name
     threads = C.configure_threads(cfg)
     records = RunRecords(cfg, run_id, out)
     # the distinguishing part first (MLflow cuts names to ~20 characters); the date is in its Created column
     mlflow_name = run_name or f"{cfg.loss.name} · {run_id.split('-', 1)[-1]}"
-    init_path, sft_run = cfg.sft.init, None
-    if cfg.sft.steps > 0 and not init_path:
-        from flows.sft import sft_flow
-
-        sft_dir, sft_run = out / "sft", f"{run_id}-sft"
-        if (sft_dir / "config.json").exists():
-            init_path = str(sft_dir)
-        else:  # the SFT run nests under this run in MLflow, which is therefore opened first
-            records.open_mlflow_run(mlflow_name, parent_mlflow_run_id)
-            try:
-                init_path = sft_flow(config, overrides, out_dir=str(out), run_id=sft_run, sweep_id=sweep_id,
-                                     run_name=f"sft · {mlflow_name}", parent_mlflow_run_id=records.mlflow_run_id)
-            except BaseException:
-                records.end_unstarted("KILLED" if interrupted_by(sys.exc_info()[1]) else "FAILED")
-                raise
-    tok = load_tokenizer(init_path or cfg.model.path)  # the weights live in the workers
-    splits = C.build_splits(cfg, tok)
+    start = warm_start(cfg, records, run_id, out, mlflow_name, config=config, overrides=overrides,
+                       sweep_id=sweep_id, parent_mlflow_run_id=parent_mlflow_run_id)
+    init_path = start.path
+    splits = C.build_splits(cfg, load_tokenizer(init_path or cfg.model.path))  # the weights live in the workers
     records.start(run_name, current_flow_run_id(), dataset_fingerprint(splits.train),
-                  init_checkpoint=init_path, sweep_id=sweep_id, parent_mlflow_run_id=parent_mlflow_run_id,
-                  parent_run_id=sft_run, mlflow_name=mlflow_name)
+                  init_checkpoint=start.lineage_checkpoint, sweep_id=sweep_id,
+                  parent_mlflow_run_id=parent_mlflow_run_id, parent_run_id=start.sft_run, mlflow_name=mlflow_name)
     try:
-        with WorkerPool(cfg, out, init_path=init_path, with_reference=C.needs_reference(cfg)) as pool:
-            records.workers(pool)
-            ctx = RunContext(run_id, cfg, pool, splits, out, records=records)
-            register_run(ctx)
-            calls = TaskCalls()
-            roles = task_roles(run_id, ctx.checkpoint_dir, C.needs_reference(cfg), calls,
-                               scored_in_rollout=ctx.roles.generator.refills)
-            try:
-                start, ckpt = restore_latest(ctx)
-                records.resume_at(start, ckpt)
-                artifacts = RunArtifacts(run_id, cfg.steps)
-                artifacts.links(records.mlflow_url or "(no MLflow run)", str(out))
-                before = roles.generator.evaluate(start)
-                records.eval_point(start, before)
-                logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
-                            before["eval/accuracy"], max(pool.startup_s.values()), threads)
-                recorder = FlowRecorder(records, artifacts)
-                after, final = run_to_end(ctx, roles, start, recorder)
-                recorder.table()
-                records.eval_point(cfg.steps, after)
-                logger.info("held-out accuracy at the end (step %d): %.3f (%+.3f)", cfg.steps,
-                            after["eval/accuracy"], after["eval/accuracy"] - before["eval/accuracy"])
-                records.checkpoint(cfg.steps, final, kind="final")
-            finally:
-                unregister_run(run_id)
+        outcome = train_on_workers(cfg, run_id, out, records, splits, init_path, threads)
     except BaseException as exc:
-        if not interrupted_by(exc):
-            if (lost := lost_worker(exc)) is not None:  # infrastructure, not the run's fault: kept resumable and
-                return end_crashed(run_id, records, lost)  # ended Crashed, which the crash Automation reschedules
-            records.finish("failed", message=f"{type(exc).__name__}: {exc}"[:2000])
-            raise
-        # said first: finishing the records may fail too once Ctrl-C has stopped the embedded servers
-        log.warning("run %s interrupted; workers stopped. Continue it with: forgeflow resume %s", run_id, run_id)
-        records.finish("interrupted", message=f"interrupted (Ctrl-C): `forgeflow resume {run_id}` continues it")
+        return end_unfinished(run_id, records, exc)
+    return finish_run(cfg, run_id, out, records, outcome, run_name=run_name, start_time=start_time)
+
+
+def open_run_dir(cfg, run_id: str, resume: str | None):
+    """(the run's config, its directory): a resumed run keeps its recorded config (overrides on resume may not
+    change it); a new one records its config there."""
+    out = run_dir(run_id)
+    if resume or (out / "config.yaml").exists():
+        return load_config(out / "config.yaml"), out
+    dump_config(cfg, out / "config.yaml")
+    return cfg, out
+
+
+def name_flow_run(cfg, run_id: str, run_name: str | None, sweep_id: str | None) -> None:
+    """The flow run's name and tags in the Prefect UI: a chosen --run-name shows there too; a sweep child's name is
+    its grid point, shown by its sweep."""
+    named = f"{run_name} · " if run_name and not sweep_id else ""
+    label_flow_run(f"grpo · {named}{cfg.loss.name} · {run_id}",
+                   [run_id, cfg.loss.name, *([sweep_id] if sweep_id else [])])
+
+
+@dataclass
+class WarmStart:
+    """Where GRPO starts: the model directory the workers load (None: the base model), the SFT run that trained it
+    and its recorded checkpoint (the run's lineage; a cached warm-up loads from the cache)."""
+
+    path: str | None = None
+    sft_run: str | None = None
+    lineage_checkpoint: str | None = None
+
+
+def warm_start(cfg, records: RunRecords, run_id: str, out, mlflow_name: str, *, config: str,
+               overrides: dict | None, sweep_id: str | None, parent_mlflow_run_id: str | None) -> WarmStart:
+    """sft.init; this run's SFT checkpoint from an earlier attempt; an identical earlier warm-up from the SFT cache;
+    or the SFT subflow, run now (nested under this run in MLflow) and then cached; or the base model."""
+    if cfg.sft.init or cfg.sft.steps <= 0:
+        return WarmStart(cfg.sft.init, None, cfg.sft.init)
+    from flows.sft import sft_flow
+
+    sft_dir, sft_run = out / "sft", f"{run_id}-sft"
+    if (sft_dir / "config.json").exists():
+        return WarmStart(str(sft_dir), sft_run, str(sft_dir))
+    inputs, hit = sft_cache.find_cached_sft(cfg) if cfg.sft.cache else (None, None)
+    if hit is not None:
+        get_run_logger().info(sft_cache.hit_message(hit))
+        source = hit.source_run if registered(cfg, hit.source_run) else None
+        return WarmStart(str(hit.path), source, hit.source_checkpoint if source else None)
+    records.open_mlflow_run(mlflow_name, parent_mlflow_run_id)  # the SFT run nests under this one
+    try:
+        path = sft_flow(config, overrides, out_dir=str(out), run_id=sft_run, sweep_id=sweep_id,
+                        run_name=f"sft · {mlflow_name}", parent_mlflow_run_id=records.mlflow_run_id)
+    except BaseException:
+        records.end_unstarted("KILLED" if interrupted_by(sys.exc_info()[1]) else "FAILED")
         raise
-    summary = {"run_id": run_id, "run_name": run_name, "acc_before": before["eval/accuracy"],
-               "acc_after": after["eval/accuracy"], "start_step": start,
-               "minutes": (time.perf_counter() - start_time) / 60, "checkpoint": final,
-               "flow_run_id": current_flow_run_id(), "task_calls": calls.count,
-               "recoveries": ctx.recoveries}
+    if inputs is not None and isinstance(path, str):
+        sft_cache.store(Path(path), inputs, sft_run)
+    return WarmStart(path, sft_run, path)
+
+
+def registered(cfg, run_id: str | None) -> bool:
+    """Whether the run registry holds `run_id` (a cached warm-up may come from another registry's run)."""
+    if run_id is None:
+        return False
+    with session_scope(cfg.tracking.registry_url) as s:
+        return s.get(repo.Run, run_id) is not None
+
+
+@dataclass
+class RunOutcome:
+    """What the GRPO steps on the workers leave for the summary."""
+
+    start: int  # the step this execution started (or resumed) at
+    before: dict  # held-out metrics at `start`
+    after: dict  # held-out metrics at the end
+    final: str  # the final checkpoint
+    task_calls: int
+    recoveries: int
+
+
+def train_on_workers(cfg, run_id: str, out, records: RunRecords, splits, init_path: str | None,
+                     threads: int) -> RunOutcome:
+    """Start the workers, resume from the latest checkpoint, evaluate, run the steps to the end, evaluate again and
+    record the final checkpoint."""
+    logger = get_run_logger()
+    with WorkerPool(cfg, out, init_path=init_path, with_reference=C.needs_reference(cfg)) as pool:
+        records.workers(pool)
+        ctx = RunContext(run_id, cfg, pool, splits, out, records=records)
+        register_run(ctx)
+        calls = TaskCalls()
+        roles = task_roles(run_id, ctx.checkpoint_dir, C.needs_reference(cfg), calls,
+                           scored_in_rollout=ctx.roles.generator.refills)
+        try:
+            start, latest = restore_latest(ctx)
+            records.resume_at(start, latest)
+            artifacts = RunArtifacts(run_id, cfg.steps)
+            artifacts.links(records.mlflow_url or "(no MLflow run)", str(out))
+            before = roles.generator.evaluate(start)
+            records.eval_point(start, before)
+            logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
+                        before["eval/accuracy"], max(pool.startup_s.values()), threads)
+            recorder = FlowRecorder(records, artifacts)
+            after, final = run_to_end(ctx, roles, start, recorder)
+            recorder.table()
+            records.eval_point(cfg.steps, after)
+            logger.info("held-out accuracy at the end (step %d): %.3f (%+.3f)", cfg.steps,
+                        after["eval/accuracy"], after["eval/accuracy"] - before["eval/accuracy"])
+            records.checkpoint(cfg.steps, final, kind="final")
+        finally:
+            unregister_run(run_id)
+    return RunOutcome(start, before, after, final, calls.count, ctx.recoveries)
+
+
+def end_unfinished(run_id: str, records: RunRecords, exc: BaseException):
+    """The records of a run the steps did not finish, by cause: workers lost beyond recovery end the flow run
+    Crashed (returned, resumable); Ctrl-C leaves it interrupted and a failure failed (both raised again)."""
+    if not interrupted_by(exc):
+        if (lost := lost_worker(exc)) is not None:  # infrastructure, not the run's fault: kept resumable and
+            return end_crashed(run_id, records, lost)  # ended Crashed, which the crash Automation reschedules
+        records.finish("failed", message=f"{type(exc).__name__}: {exc}"[:2000])
+        raise exc
+    # said first: finishing the records may fail too once Ctrl-C has stopped the embedded servers
+    log.warning("run %s interrupted; workers stopped. Continue it with: forgeflow resume %s", run_id, run_id)
+    records.finish("interrupted", message=f"interrupted (Ctrl-C): `forgeflow resume {run_id}` continues it")
+    raise exc
+
+
+def finish_run(cfg, run_id: str, out, records: RunRecords, outcome: RunOutcome, *, run_name: str | None,
+               start_time: float) -> dict:
+    """The run's summary (summary.json, curves.png), and its records marked completed; returns the summary."""
+    before, after = outcome.before, outcome.after
+    summary = {"run_id": run_id, "run_name": run_name, **held_out_summary(before, after), "start_step": outcome.start,
+               "minutes": (time.perf_counter() - start_time) / 60, "checkpoint": outcome.final,
+               "flow_run_id": current_flow_run_id(), "task_calls": outcome.task_calls,
+               "recoveries": outcome.recoveries}
     rows = records.rows()
     if rows:
-        curves = [{"step": start, **before}] + rows + [{"step": cfg.steps, **after}]
+        curves = [{"step": outcome.start, **before}] + rows + [{"step": cfg.steps, **after}]
         summary["plot"] = str(plot_curves({run_name or run_id: curves}, out / "curves.png",
                                           title=f"GRPO {cfg.loss.name} on {cfg.dataset.kind}"))
     summary["mlflow_run_id"] = records.mlflow_run_id

@@ -15,9 +15,9 @@ from prefect.utilities.annotations import quote
 
 from infra.config import dump_config
 from infra.config_checks import load_config
-from infra.flow_runs import count_attempt, current_flow_run_id
 from infra.paths import new_run_id, run_dir
-from infra.prefect_env import fail_for_user_error, label_flow_run
+from runtime.flow_runs import count_attempt, current_flow_run_id
+from runtime.prefect_env import fail_for_user_error, label_flow_run
 from tasks.sft import sft_train
 
 

@@ -3,7 +3,7 @@
     grid {loss.name: [dapo, gspo]} ─▶ child grpo runs (subflows, or deployment runs with use_deployments)
                                     ─▶ sweep.json + comparison.png under <home>/sweeps/<sweep_id>
 
-A sweep flow run rescheduled after a crash continues the same sweep (infra/flow_runs.py remembers its id).
+A sweep flow run rescheduled after a crash continues the same sweep (runtime/flow_runs.py remembers its id).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from infra.config_checks import load_config
-from infra.flow_runs import count_attempt, current_flow_run_id, read_index, remembered_id
 from infra.paths import forgeflow_home, new_run_id, run_dir
-from infra.plots import plot_curves
-from infra.prefect_env import fail_for_user_error, label_flow_run
 from infra.registry import Sweep, repo, session_scope
-from infra.run_lock import lock_run
 from infra.tracking import Tracker
 from infra.ui_links import flow_run_link_tags
+from runtime.flow_runs import count_attempt, current_flow_run_id, read_index, remembered_id
+from runtime.plots import plot_curves
+from runtime.prefect_env import fail_for_user_error, label_flow_run
+from runtime.run_lock import lock_run
 
 
 def grid_points(grid: dict[str, list]) -> list[dict]:
@@ -106,7 +106,7 @@ def sweep_flow(config: str = "configs/grpo_math_tiny.yaml", grid: dict | None = 
     # children (they died with this process) resumed, deployment-run children found again and waited for
     sweep_id = remembered_id("sweep_id", lambda: "sweep-" + new_run_id())
     out = forgeflow_home() / "sweeps" / sweep_id
-    try:  # one driver per sweep, as per run (infra/run_lock.py): a duplicate execution waits for the first
+    try:  # one driver per sweep, as per run (runtime/run_lock.py): a duplicate execution waits for the first
         lock = lock_run(out, sweep_id, current_flow_run_id())
     except ValueError as exc:
         return fail_for_user_error(exc)

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import torch
 
-from forge_core.data import ArithSpec, build_template, load_hub_problems, load_problems, make_arith_problems
+from forge_core.data import build_template, load_hub_problems, load_problems, make_arith_problems
 from forge_core.data.problems import Problem
-from forge_core.generation import SamplingParams
-from forge_core.losses import check_loss, get_loss
+from forge_core.losses import check_loss, complete_hyperparameters, get_loss
 from forge_core.rewards import CombinedReward
 from forge_core.schedule import Schedule
-from forge_core.training import TrainerSettings
+from forge_core.training import TrainerConfig
 from infra.config import RunConfig
 from infra.plugins import check_plugins
 
@@ -83,9 +82,8 @@ def read_splits(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
     """(train, eval) problems read from cfg.dataset (see `load_splits`)."""
     ds, n_eval = cfg.dataset, cfg.eval.num_prompts
     if ds.kind == "arith":
-        spec = ArithSpec(max_value=ds.max_value, num_terms=ds.num_terms, ops=tuple(ds.ops), style=ds.style)
-        train = make_arith_problems(ds.train_size, seed=ds.seed, split="train", spec=spec)
-        return train, make_arith_problems(n_eval, seed=ds.seed, split="test", spec=spec)
+        train = make_arith_problems(ds.train_size, seed=ds.seed, split="train", spec=ds)
+        return train, make_arith_problems(n_eval, seed=ds.seed, split="test", spec=ds)
     if ds.kind == "hub":
         fmt = "gsm8k"
         train = load_hub_problems(ds.path, ds.split, fmt, on_error=ds.on_error).problems
@@ -111,11 +109,6 @@ def build_splits(cfg: RunConfig, tokenizer) -> ProblemSplits:
     return ProblemSplits(train, render(train), held_out, render(held_out))
 
 
-def sampling_params(cfg: RunConfig) -> SamplingParams:
-    """The generator section's sampling knobs as the SamplingParams they are declared in."""
-    return SamplingParams(**{f.name: getattr(cfg.generator, f.name) for f in dataclasses.fields(SamplingParams)})
-
-
 def reward_entries(cfg: RunConfig) -> list[dict]:
     """The rewards section as CombinedReward entries ({name, weight, key?, **kwargs}); import paths only when the
     config file lists them (checked again here: every process that builds a component refuses unlisted code)."""
@@ -129,45 +122,33 @@ def build_reward(cfg: RunConfig) -> CombinedReward:
 
 
 def loss_arguments(cfg: RunConfig) -> tuple[str, dict]:
-    """(loss.name, its hyperparameters), max_len filled from generator.max_new_tokens when the loss needs it; an
-    import path only when the config file lists it."""
-    check_plugins(cfg, "config")
-    name, params = cfg.loss.name, dict(cfg.loss.params)
-    if name == "dr_grpo" or params.get("aggregation") == "seq-mean-token-sum-norm":
-        params.setdefault("max_len", cfg.generator.max_new_tokens)
-    return name, params
+    """(loss.name, its hyperparameters), max_len filled from generator.max_new_tokens when the loss needs it."""
+    return cfg.loss.name, complete_hyperparameters(cfg.loss.name, cfg.loss.params, cfg.generator.max_new_tokens)
 
 
 def build_loss(cfg: RunConfig):
-    """The configured policy loss: built once, by the process that trains."""
+    """The configured policy loss: built once, by the process that trains; an import path only when the config
+    file lists it (checked again here: the process that builds a component refuses unlisted code)."""
+    check_plugins(cfg, "config")
     name, params = loss_arguments(cfg)
     return get_loss(name, **params)
 
 
 def check_loss_config(cfg: RunConfig) -> None:
-    """The configured loss's name and hyperparameters, checked without building it (the controller's check)."""
+    """The configured loss's name and hyperparameters, checked without building it (the controller's check, after
+    its plugin check)."""
     name, params = loss_arguments(cfg)
     check_loss(name, **params)
 
 
-def trainer_settings(cfg: RunConfig) -> TrainerSettings:
-    """The GRPO trainer's settings; warmup_steps and the schedule count RL steps (each makes mini_batches × epochs
-    optimizer steps, which is what the optimizer's schedule counts)."""
-    t = cfg.trainer
-    per_step = t.mini_batches * t.epochs
-    return TrainerSettings(lr=t.lr, weight_decay=t.weight_decay, max_norm=t.max_norm,
-                           micro_batch_size=t.micro_batch_size, warmup_steps=t.warmup_steps * per_step,
-                           schedule=t.schedule, total_steps=cfg.steps * per_step, min_lr_ratio=t.min_lr_ratio,
-                           entropy_coef=t.entropy_coef, temperature=cfg.generator.temperature,
-                           mini_batches=t.mini_batches, epochs=t.epochs, compute_dtype=compute_dtype(cfg),
-                           pack=t.pack)
-
-
-def sft_settings(cfg: RunConfig) -> TrainerSettings:
-    s = cfg.sft
-    return TrainerSettings(lr=s.lr, micro_batch_size=max(s.batch_size, 1), warmup_steps=s.warmup_steps,
-                           schedule="cosine", total_steps=max(s.schedule_steps or s.steps, 1),
-                           max_norm=cfg.trainer.max_norm, compute_dtype=compute_dtype(cfg), pack=cfg.trainer.pack)
+def trainer_arguments(cfg: RunConfig, sft: bool = False) -> tuple[TrainerConfig, dict]:
+    """(the trainer section, the Trainer's keyword arguments that other sections decide) of the GRPO trainer, or
+    with `sft` of the SFT warm-up (the sft section's lr, batch and schedule on the same trainer)."""
+    if sft:
+        return cfg.sft.trainer_config(cfg.trainer), {"total_steps": cfg.sft.total_steps,
+                                                     "compute_dtype": compute_dtype(cfg)}
+    return cfg.trainer, {"total_steps": cfg.steps, "temperature": cfg.generator.temperature,
+                         "compute_dtype": compute_dtype(cfg)}
 
 
 def wants_reference(cfg: RunConfig) -> bool:

@@ -19,8 +19,11 @@ from typing import Any
 
 import yaml
 
+from forge_core.data.config import DatasetConfig
 from forge_core.generation.sampling import SamplingParams
-from forge_core.models.lora import LoRAConfig
+from forge_core.losses import implied_advantage
+from forge_core.recipes.config import EvalConfig, GRPOConfig
+from forge_core.training.config import SFTConfig, TrainerConfig
 from forge_core.training.correction import LEVELS, MODES, RolloutCorrection
 from infra.plugins import refuse_plugin_overrides
 
@@ -32,25 +35,6 @@ class ModelConfig:
 
 
 @dataclass
-class DatasetConfig:
-    kind: str = "arith"  # arith | gsm8k | math | hub
-    path: str | None = None  # local JSONL/parquet (gsm8k/math) or hub name (hub)
-    eval_path: str | None = None
-    split: str = "train"
-    eval_split: str = "test"
-    seed: int = 0  # data seed (fixed across run seeds so every run is judged on the same held-out set)
-    on_error: str = "raise"  # raise | skip malformed rows
-    template: str = "plain"  # plain | chat
-    prompt_prefix: str = "Q: "  # template plain: the text before each question
-    system_prompt: str | None = None  # template chat: the system turn (null: ask for <think>/<answer> tags)
-    train_size: int = 20000
-    max_value: int = 99
-    num_terms: int = 2
-    ops: str = "+-"
-    style: str = "equation"
-
-
-@dataclass
 class GeneratorConfig(SamplingParams):
     """The sampling knobs (temperature, top_p, top_k, max_new_tokens) are SamplingParams' own, declared there once."""
 
@@ -58,42 +42,6 @@ class GeneratorConfig(SamplingParams):
     procs: int = 1
     num_replicas: int = 1
     cuda_graphs: bool = True  # torch backend on CUDA: the decode step as CUDA graphs (false: eager decode)
-
-
-@dataclass
-class TrainerConfig:
-    backend: str = "hf"  # hf | titan
-    procs: int = 1
-    # titan only: procs = data_parallel_shard_degree × tensor_parallel_degree × pipeline_parallel_degree
-    data_parallel_shard_degree: int = -1  # -1: the ranks TP/PP leave
-    tensor_parallel_degree: int = 1
-    pipeline_parallel_degree: int = 1
-    activation_checkpointing: str = "none"  # none | full | selective (titan only): recompute layers in backward
-    compile: bool = False  # hf backend: torch.compile each decoder layer (the first steps pay the compilation)
-    pack: bool = False  # hf backend: pack each micro-batch's sequences into as few rows as fit (no padding FLOPs)
-    lr: float = 1.0e-5
-    max_norm: float = 1.0
-    micro_batch_size: int = 32
-    warmup_steps: int = 0
-    schedule: str = "constant"  # constant | cosine | linear
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    entropy_coef: float = 0.0
-    mini_batches: int = 1  # optimizer steps per rollout batch (PPO mini-batches; each normalised over its tokens)
-    epochs: int = 1  # passes over the rollout batch
-    lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank 0: full fine-tuning; rank > 0: adapters only
-
-
-@dataclass
-class SFTConfig:
-    steps: int = 0  # 0 = no SFT warm-up before GRPO
-    batch_size: int = 64
-    lr: float = 1.0e-3
-    warmup_steps: int = 20
-    schedule_steps: int = 0  # cosine horizon; > steps stops SFT before the lr reaches 0 (0 = steps)
-    response: str = "target"  # target | solution
-    examples: int = 0  # labelled examples SFT learns from: the first N training problems (0 = all of them)
-    init: str | None = None  # start GRPO from this checkpoint directory instead of running SFT
 
 
 @dataclass
@@ -130,13 +78,6 @@ class WorkersConfig:
 class CheckpointConfig:
     every: int = 10
     keep: int = 3
-
-
-@dataclass
-class EvalConfig:
-    every: int = 10
-    num_prompts: int = 200
-    samples: int = 0  # extra sampled completions per prompt for eval/sampled_accuracy
 
 
 @dataclass
@@ -203,14 +144,9 @@ class TrackingConfig:
 
 
 @dataclass
-class RunConfig:
-    seed: int = 0
-    steps: int = 200
-    prompts_per_step: int = 16
-    group_size: int = 8
-    max_policy_age: int = 0
-    filter_groups: bool = False  # DAPO dynamic sampling: drop groups whose rewards are all equal
-    fill_rounds: int = 1  # with filter_groups: sampling rounds that refill the dropped groups (1: no refill)
+class RunConfig(GRPOConfig):
+    """A run's YAML: the run-level keys (GRPOConfig's) and one section per component, each declared by its owner."""
+
     threads: int = 0  # torch threads for this process; 0 = all cores
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -235,15 +171,7 @@ class RunConfig:
 
 
 CHOICES = {
-    "dataset.kind": ("arith", "gsm8k", "math", "hub"),
-    "dataset.on_error": ("raise", "skip"),
-    "dataset.template": ("plain", "chat"),
-    "dataset.style": ("equation", "word"),
     "generator.backend": ("torch", "vllm"),
-    "trainer.backend": ("hf", "titan"),
-    "trainer.schedule": ("constant", "cosine", "linear"),
-    "trainer.activation_checkpointing": ("none", "full", "selective"),
-    "sft.response": ("target", "solution"),
     "ref_model.enabled": ("auto", "true", "false"),
     "launcher": ("local", "slurm", "inline"),
     "model.dtype": ("float32", "bfloat16", "float16"),
@@ -251,10 +179,8 @@ CHOICES = {
     "rollout_correction.mode": MODES,
     "rollout_correction.level": LEVELS,
 }
-POSITIVE = ("prompts_per_step", "group_size", "generator.max_new_tokens", "trainer.micro_batch_size",
-            "generator.procs", "generator.num_replicas", "trainer.procs", "eval.num_prompts",
-            "ref_model.procs", "reward.num_replicas", "workers.threads", "weightsync.keep",
-            "weightsync.sync_every", "slurm.nodes", "trainer.mini_batches", "trainer.epochs", "fill_rounds")
+POSITIVE = ("generator.max_new_tokens", "generator.procs", "generator.num_replicas", "ref_model.procs",
+            "reward.num_replicas", "workers.threads", "weightsync.keep", "weightsync.sync_every", "slurm.nodes")
 
 
 def suggest(key: str, options) -> str:
@@ -406,12 +332,12 @@ def read_config(path: str | Path | None = None, overrides: dict[str, Any] | list
 
 
 def imply_paired_names(data: dict) -> dict:
-    """Names that follow from others when not set: `loss.name: dr_grpo` means mean-only (dr_grpo) advantages
-    unless advantage.name says otherwise (std-normalised advantages would bring back the bias Dr. GRPO removes)."""
+    """Names that follow from others when not set: a loss's implied advantage (Dr. GRPO's mean-only advantages:
+    std-normalised ones would bring back the bias it removes) unless advantage.name says otherwise."""
     loss, advantage = data.get("loss"), data.get("advantage")
-    if isinstance(loss, dict) and loss.get("name") == "dr_grpo" and not (isinstance(advantage, dict)
-                                                                          and "name" in advantage):
-        data = {**data, "advantage": {**(advantage or {}), "name": "dr_grpo"}}
+    implied = implied_advantage(loss.get("name")) if isinstance(loss, dict) else None
+    if implied and not (isinstance(advantage, dict) and "name" in advantage):
+        data = {**data, "advantage": {**(advantage or {}), "name": implied}}
     return data
 
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from forge_core.recipes.config import GRPOConfig
 from infra.config import CHOICES, POSITIVE, RunConfig, config_to_dict, flatten, read_config
 from infra.plugins import check_plugins
 
@@ -34,6 +35,7 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     """Cross-field checks: listed plugins first (nothing is imported before), choices, positive counts, known loss
     and advantage names."""
     check_plugins(cfg, where)
+    check_sections(cfg, where)
     flat = flatten(config_to_dict(cfg))
     for key, options in CHOICES.items():
         if str(flat[key]) not in options:
@@ -41,36 +43,22 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     for key in POSITIVE:
         if flat[key] < 1:
             raise ValueError(f"{where}: {key} must be >= 1, got {flat[key]}")
-    if cfg.steps < 0 or cfg.sft.steps < 0:
-        raise ValueError(f"{where}: steps and sft.steps must be >= 0 (0 skips the phase)")
-    if cfg.sft.examples < 0:
-        raise ValueError(f"{where}: sft.examples must be >= 0 (0: every training problem), got {cfg.sft.examples}")
-    if cfg.sft.schedule_steps and cfg.sft.schedule_steps < cfg.sft.steps:
-        raise ValueError(f"{where}: sft.schedule_steps ({cfg.sft.schedule_steps}) must be 0 or >= sft.steps "
-                         f"({cfg.sft.steps})")
     if cfg.model.dtype == "float16":
         raise ValueError(f"{where}: model.dtype = 'float16' trains without loss scaling, so small gradients underflow "
                          "to zero; use model.dtype: bfloat16 (fp32 master weights and optimizer state, bf16 compute, "
                          "bf16 weights for the generators) or float32")
-    if cfg.trainer.lr <= 0:
-        raise ValueError(f"{where}: trainer.lr must be > 0, got {cfg.trainer.lr}")
     try:
         cfg.generator.validate()  # the sampling knobs' own checks (SamplingParams)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
     if cfg.generator.temperature <= 0:
         raise ValueError(f"{where}: generator.temperature must be > 0 for RL sampling, got {cfg.generator.temperature}")
-    if cfg.dataset.kind in ("gsm8k", "math", "hub") and not cfg.dataset.path:
-        raise ValueError(f"{where}: dataset.kind {cfg.dataset.kind!r} needs dataset.path")
-    if cfg.group_size < 2:
-        raise ValueError(f"{where}: group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
     if cfg.tracking.sample_prompts < 0:
         raise ValueError(f"{where}: tracking.sample_prompts must be >= 0 (0: record no samples), got "
                          f"{cfg.tracking.sample_prompts}")
     if cfg.reward.timeout_s < 0:
         raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
-    check_trainer_layout(cfg, where)
-    check_lora(cfg, where)
+    check_trainer_environment(cfg, where)
     check_sft_batch(cfg, where)
     if cfg.generator.backend == "vllm" and cfg.weightsync.backend != "fs":
         raise ValueError(f"{where}: generator.backend vllm reads weights from files, so weightsync.backend "
@@ -94,10 +82,10 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
 
 
 def check_policy_update(cfg: RunConfig, where: str) -> None:
-    """Mini-batches that fit the batch, a sane rollout correction, refill rounds only with filter_groups."""
+    """Mini-batches that fit the batch, a sane rollout correction."""
     t, rc = cfg.trainer, cfg.rollout_correction
     sequences = cfg.prompts_per_step * cfg.group_size
-    dp = data_parallel_degree(cfg)
+    dp = t.data_parallel_degree
     if t.mini_batches * dp > sequences:
         raise ValueError(f"{where}: trainer.mini_batches = {t.mini_batches} is larger than the "
                          f"{sequences // dp} sequences each of the trainer's {dp} data-parallel slice(s) gets "
@@ -106,27 +94,6 @@ def check_policy_update(cfg: RunConfig, where: str) -> None:
         rc.validate()
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
-    if cfg.fill_rounds > 1 and not cfg.filter_groups:
-        raise ValueError(f"{where}: fill_rounds = {cfg.fill_rounds} refills the groups filter_groups drops; set "
-                         "filter_groups: true (or fill_rounds: 1)")
-
-
-def check_lora(cfg: RunConfig, where: str) -> None:
-    """trainer.lora: its own value checks, and the trainer layouts it does not run in yet, refused with the reason."""
-    lora, t = cfg.trainer.lora, cfg.trainer
-    try:
-        lora.check()
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from exc
-    if not lora.enabled:
-        return
-    if t.backend != "hf":
-        raise ValueError(f"{where}: trainer.lora.rank {lora.rank} needs trainer.backend: hf (the titan backend "
-                         "rebuilds the model in torchtitan's own modules, which have no adapters yet); set "
-                         "trainer.lora.rank: 0 for titan")
-    if t.compile:
-        raise ValueError(f"{where}: trainer.lora with trainer.compile is not supported yet (compiled layers are "
-                         "built before the adapters); set trainer.compile: false")
 
 
 def packed_masks_supported() -> bool:
@@ -138,46 +105,37 @@ def packed_masks_supported() -> bool:
     return hasattr(masking_utils, "find_packed_sequence_indices")
 
 
-def check_trainer_layout(cfg: RunConfig, where: str) -> None:
-    """trainer.backend titan: torchtitan installed, procs = DP shard × TP × PP (TP and PP not together); the
-    parallel degrees and selective activation checkpointing need titan, trainer.compile/pack need hf."""
+def check_trainer_environment(cfg: RunConfig, where: str) -> None:
+    """What the trainer section's choices need installed: torchtitan for trainer.backend titan, a transformers that
+    builds packed masks for trainer.pack (the section's own combinations are TrainerConfig.check's)."""
     t = cfg.trainer
-    if t.backend != "titan":
-        if (t.tensor_parallel_degree, t.pipeline_parallel_degree) != (1, 1):
-            raise ValueError(f"{where}: trainer.tensor_parallel_degree / pipeline_parallel_degree need "
-                             "trainer.backend: titan (the hf backend is FSDP2 only)")
-        if t.pack and not packed_masks_supported():
-            raise ValueError(f"{where}: trainer.pack needs transformers >= 4.54 (block-diagonal masks from packed "
-                             "position ids); upgrade transformers or set trainer.pack: false")
-        if t.activation_checkpointing == "selective":
-            raise ValueError(f"{where}: trainer.activation_checkpointing: selective needs trainer.backend: titan; "
-                             "the hf backend checkpoints whole layers (use full, or none)")
-        return
-    if t.compile or t.pack:
-        raise ValueError(f"{where}: trainer.compile and trainer.pack apply to the hf backend; for trainer.backend: "
-                         "titan leave them false")
-    if importlib.util.find_spec("torchtitan") is None:
+    if t.backend == "titan" and importlib.util.find_spec("torchtitan") is None:
         raise ValueError(f"{where}: trainer.backend: titan needs torchtitan: pip install -e '.[titan]' "
                          "(or use trainer.backend: hf)")
-    tp, pp, dp = t.tensor_parallel_degree, t.pipeline_parallel_degree, t.data_parallel_shard_degree
-    if tp > 1 and pp > 1:
-        raise ValueError(f"{where}: trainer.tensor_parallel_degree ({tp}) with pipeline_parallel_degree ({pp}) is not "
-                         "supported yet; use one of them (with data_parallel_shard_degree for the rest)")
-    if tp < 1 or pp < 1 or t.procs % (tp * pp) or (dp != -1 and dp * tp * pp != t.procs):
-        raise ValueError(f"{where}: trainer.procs ({t.procs}) must equal data_parallel_shard_degree ({dp}) × "
-                         f"tensor_parallel_degree ({tp}) × pipeline_parallel_degree ({pp}); set "
-                         "data_parallel_shard_degree: -1 to use the rest")
+    if t.backend == "hf" and t.pack and not packed_masks_supported():
+        raise ValueError(f"{where}: trainer.pack needs transformers >= 4.54 (block-diagonal masks from packed "
+                         "position ids); upgrade transformers or set trainer.pack: false")
 
 
-def data_parallel_degree(cfg: RunConfig) -> int:
-    """How many slices a trainer batch is split into (the other trainer ranks repeat a slice: TP, PP)."""
-    t = cfg.trainer
-    return t.procs if t.backend != "titan" else t.procs // (t.tensor_parallel_degree * t.pipeline_parallel_degree)
+def check_sections(cfg: RunConfig, where: str) -> None:
+    """The run-level keys' checks (GRPOConfig's) and each section's own (a section that declares its keys declares
+    their checks: `check(where)`)."""
+    try:
+        GRPOConfig.check(cfg)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    for f in dataclasses.fields(cfg):
+        section = getattr(cfg, f.name)
+        if hasattr(section, "check"):
+            try:
+                section.check(f.name)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from exc
 
 
 def check_sft_batch(cfg: RunConfig, where: str) -> None:
     """Every data-parallel slice of the trainer needs at least one SFT example per step."""
-    dp = data_parallel_degree(cfg)
+    dp = cfg.trainer.data_parallel_degree
     if cfg.sft.steps > 0 and cfg.sft.batch_size < dp:
         raise ValueError(f"{where}: sft.batch_size ({cfg.sft.batch_size}) is smaller than the trainer's "
                          f"{dp} data-parallel slices (trainer.procs); set sft.batch_size >= {dp}")
@@ -239,8 +197,8 @@ def check_dataset(cfg: RunConfig, where: str) -> None:
 
 
 def check_components(cfg: RunConfig, where: str) -> None:
-    """Check the loss (without building it), build the rewards and trainer settings, so a bad hyperparameter fails
-    before any worker starts."""
+    """Check the loss (without building it) and build the rewards, so a bad hyperparameter fails before any worker
+    starts."""
     from forge_core.advantages import ADVANTAGES
     from infra import components as C
 
@@ -248,8 +206,6 @@ def check_components(cfg: RunConfig, where: str) -> None:
         C.check_loss_config(cfg)
         check_correction_fits_loss(cfg)
         C.build_reward(cfg)
-        if cfg.steps > 0:  # an SFT-only config never builds the GRPO trainer
-            C.trainer_settings(cfg).validate()
         if cfg.advantage.name not in ADVANTAGES:
             raise ValueError(f"unknown advantage.name {cfg.advantage.name!r}; choose one of {sorted(ADVANTAGES)}")
     except ValueError as exc:

@@ -161,7 +161,9 @@ class RunRecords:
             self.tracker.log_step(self.mlflow_run_id, self.cfg.steps,
                                   {"final/acc_before": summary.get("acc_before", 0.0),
                                    "final/acc_after": summary.get("acc_after", 0.0),
-                                   "final/minutes": summary.get("minutes", 0.0)})
+                                   "final/minutes": summary.get("minutes", 0.0),
+                                   **{f"final/{key}": value for key, value in summary.items()  # pass@k, sampled
+                                      if key.startswith(("pass", "sampled_")) and value is not None}})
         mlflow_status = {"completed": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED")
         self.tracker.end_run(self.mlflow_run_id, mlflow_status)
 

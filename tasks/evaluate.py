@@ -19,7 +19,7 @@ def evaluate_checkpoint(checkpoint: str, config: str, overrides: dict | None) ->
     C.configure_threads(cfg)
     model, tok = load_model_and_tokenizer(checkpoint, seed=cfg.seed)
     splits = C.build_splits(cfg, tok)
-    gen = TorchGenerator(model.eval(), tok, C.sampling_params(cfg))
+    gen = TorchGenerator(model.eval(), tok, cfg.generator)
     metrics = evaluate(gen, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens, samples=cfg.eval.samples,
                        temperature=cfg.generator.temperature, seed=cfg.seed)
     return {"checkpoint": checkpoint, "num_prompts": len(splits.eval), **metrics}

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from infra.components import run_schedule
-from infra.interrupts import exception_chain
+from runtime.interrupts import exception_chain
 from tasks.context import RunContext, run_owning_job
 from workers.protocol import WorkerLost
 

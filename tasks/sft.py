@@ -12,7 +12,7 @@ from prefect.cache_policies import NONE
 from forge_core.models import load_model_and_tokenizer, load_tokenizer
 from infra import components as C
 from infra.config_checks import load_config
-from infra.sft import StepReport, run_sft_steps, sft_phase
+from runtime.sft import StepReport, run_sft_steps, sft_phase
 from workers.plan import sft_in_workers
 from workers.pool import WorkerPool
 from workers.remote import RemoteSFTTrainer

@@ -6,7 +6,7 @@ import torch
 
 from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer
-from forge_core.training import Trainer, TrainerSettings
+from forge_core.training import Trainer, TrainerConfig
 from tests.unit.test_trainer import make_batch
 
 STEPS, LR = 100, 1e-5
@@ -22,7 +22,7 @@ def train(param_dtype: torch.dtype, compute_dtype: torch.dtype | None, device: s
     model = model.to(device)
     start = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
     trainer = Trainer(model, get_loss("reinforce"),
-                      TrainerSettings(lr=LR, micro_batch_size=64, compute_dtype=compute_dtype), tok.pad_token_id)
+                      TrainerConfig(lr=LR, micro_batch_size=64), tok.pad_token_id, compute_dtype=compute_dtype)
     inputs, targets = make_batch(tok)
     for _ in range(STEPS):
         trainer.train_step(inputs, targets)

@@ -10,7 +10,6 @@ from forge_core.generation import TorchGenerator
 from forge_core.models import load_model_and_tokenizer
 from forge_core.recipes import steps
 from forge_core.types import Group
-from infra import components as C
 from infra.config import RunConfig
 from workers.base import Worker, dtype_of, model_source, worker_device
 
@@ -25,13 +24,13 @@ class GeneratorWorker(Worker):
         if cfg.generator.backend == "vllm":
             from forge_core.generation.vllm_generator import VLLMGenerator
 
-            self.generator = VLLMGenerator.from_pretrained(model_source(cfg, init_path), C.sampling_params(cfg),
+            self.generator = VLLMGenerator.from_pretrained(model_source(cfg, init_path), cfg.generator,
                                                            tensor_parallel_size=cfg.generator.procs,
                                                            dtype=cfg.model.dtype, seed=cfg.seed)
         else:
             model, tok = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed, dtype=dtype_of(cfg))
             self.generator = TorchGenerator(model.to(worker_device(cfg, self.role)).eval(), tok,
-                                            C.sampling_params(cfg),
+                                            cfg.generator,
                                             cuda_graphs=None if cfg.generator.cuda_graphs else False)
         self.store = store
         self.pinned_version_misses = 0
@@ -56,7 +55,7 @@ class GeneratorWorker(Worker):
                           "version %d instead, so this run is no longer bit-exact with an uninterrupted one "
                           "(counted as rollout/pinned_version_misses; %d so far)", version, exc, self.policy_version,
                           self.pinned_version_misses)
-        groups = steps.rollout(self.generator, problems, prompts, group_size, seed, C.sampling_params(self.cfg),
+        groups = steps.rollout(self.generator, problems, prompts, group_size, seed, self.cfg.generator,
                                prompt_keys)
         if missed is not None:
             for group in groups:

@@ -6,7 +6,7 @@ with them directly.
                       version pinned by the Schedule
     RemoteRewardScorer ─ the batch split over the reward workers, scored concurrently
     RemoteReferenceScorer ─ one reference worker call per batch
-    RemoteTrainer ─ train_step and checkpoints on the trainer worker (all its ranks)
+    RemoteTrainer ─ train and checkpoints on the trainer worker (all its ranks)
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from forge_core.protocols import Batch, PendingBatch, ReadyBatch, RolledBack
 from forge_core.recipes.steps import (
     reward_metrics,
     rollout_metrics,
-    sample_prompt_indices,
-    sample_with_refills,
-    step_seed,
+    sample_batch,
 )
 from forge_core.schedule import Schedule
 from forge_core.training.trainer import save_atomically
@@ -130,18 +128,15 @@ class RemoteGenerator:
     def rollout(self, step: int) -> Batch:
         """The step's groups, sampled with the pinned behaviour version (and refilled: fill_rounds > 1)."""
         t0 = time.perf_counter()
+        train, prompts = self.splits.train, self.splits.train_prompts
 
-        def sample_round(n: int, salt: int) -> Batch:
-            train, prompts = self.splits.train, self.splits.train_prompts
-            idx = sample_prompt_indices(len(train), n, self.seed + 7919 * salt, step)
-            groups = remote_rollout(self.pool, [train[i] for i in idx], [prompts[i] for i in idx], self.group_size,
-                                    step_seed(self.seed, step, salt), self.behaviour_version(step))
-            return self.reward.score(step, groups) if self.refills else (groups, {})
+        def sample(indices: list[int], seed: int) -> list[Group]:
+            return remote_rollout(self.pool, [train[i] for i in indices], [prompts[i] for i in indices],
+                                  self.group_size, seed, self.behaviour_version(step))
 
-        if self.refills:
-            groups, metrics = sample_with_refills(sample_round, self.prompts_per_step, self.fill_rounds)
-        else:
-            groups, metrics = sample_round(self.prompts_per_step, 0)
+        score = (lambda groups: self.reward.score(step, groups)) if self.refills else None
+        groups, metrics = sample_batch(step, len(train), self.prompts_per_step, self.seed, sample, score,
+                                       self.fill_rounds)
         return groups, {**metrics, **rollout_metrics(groups, step, time.perf_counter() - t0)}
 
     @property
@@ -213,7 +208,7 @@ class RemoteTrainer:
         sync to it. Raises RolledBack (nothing trained) when a recovery restored the trainer to another step."""
         require_trainer_at(self.pool, step)
         t0 = time.perf_counter()
-        metrics = self.pool.call("trainer", "train_step", groups, step)
+        metrics = self.pool.call("trainer", "train", step, groups)
         metrics["timing/train"] = time.perf_counter() - t0
         return metrics
 

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from forge_core.seeding import restore_rng_states, rng_states
 from infra.checkpoints import SHARDS, STATE, file_sha256
@@ -22,6 +20,9 @@ def shard_digests(folder: Path) -> dict[str, str]:
 def save_sharded(trainer, out: Path) -> dict | None:
     """Collective: write model + optimizer shards to out/dcp. Rank 0 returns the small state that completes them
     (step, scheduler, RNG, shard digests); other ranks return None."""
+    import torch.distributed.checkpoint as dcp  # 0.7 s of imports: only multi-rank trainers need them
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(out / SHARDS))
     dist.barrier()  # every rank's file is complete before rank 0 hashes them
@@ -34,6 +35,9 @@ def save_sharded(trainer, out: Path) -> dict | None:
 def load_sharded(trainer, path: Path) -> None:
     """Collective: restore what save_sharded wrote (resharding to this job's ranks). Rank 0 reads the small state
     from path/trainer.pt and checks the shard digests; every rank raises ValueError when a shard does not match."""
+    import torch.distributed.checkpoint as dcp  # 0.7 s of imports: only multi-rank trainers need them
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     folder = path / SHARDS
     box = [None, None]  # (small state, error)
     if dist.get_rank() == 0:

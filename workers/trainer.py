@@ -56,7 +56,7 @@ class TrainerWorker(Worker):
             C.prepare_trained_model(cfg, model)  # checkpointing and compile before FSDP wraps the layers
             if self.world > 1:
                 shard_model(model)
-        self.trainer = self._make_trainer(model, C.build_loss(cfg), C.trainer_settings(cfg))
+        self.trainer = self._make_trainer(model, C.build_loss(cfg), *C.trainer_arguments(cfg))
         self.trainer.reference_from_base = C.reference_from_base(cfg)  # LoRA: the base model is the reference
         self.sft_trainer: Trainer | None = None  # built by the first sft_step (its own optimizer and schedule)
         self.store = store
@@ -66,14 +66,13 @@ class TrainerWorker(Worker):
     # ---- calls (rank 0 receives them and fans them out) ----
 
     @collective
-    def train_step(self, groups: list[Group], step: int | None = None) -> dict[str, float]:
+    def train(self, step: int, groups: list[Group]) -> dict[str, float]:
         """Advantages + the step's policy update (trainer.mini_batches × epochs optimizer steps) on `groups`;
         publishes version step+1 when the generators sync to it (`Schedule.syncs_at`). Returns loss/* metrics."""
         self.calls += 1
         adv = self.cfg.advantage
         episodes, metrics = steps.compute_advantages(groups, adv.name, self.cfg.filter_groups, **adv.params)
-        step = self.step if step is None else step
-        metrics.update(self._train(episodes, step))
+        metrics.update(self._update_policy(episodes, step))
         self.step = step + 1
         self._publish_after_step(self.step, metrics)
         self.last_metrics = metrics
@@ -87,7 +86,8 @@ class TrainerWorker(Worker):
         if self.sft_trainer is None:
             from forge_core.losses import get_loss
 
-            self.sft_trainer = self._make_trainer(self.trainer.model, get_loss("sft"), C.sft_settings(self.cfg))
+            self.sft_trainer = self._make_trainer(self.trainer.model, get_loss("sft"),
+                                                  *C.trainer_arguments(self.cfg, sft=True))
         if self.world == 1:
             self.sft_trainer.train_step(inputs, targets)
             return dict(self.sft_trainer.metrics)
@@ -252,7 +252,7 @@ class TrainerWorker(Worker):
 
     # ---- internals ----
 
-    def _train(self, episodes, step: int) -> dict[str, float]:
+    def _update_policy(self, episodes, step: int) -> dict[str, float]:
         """The step's policy update on the whole batch: every rank shuffles it alike into the same global
         mini-batches and trains on its data-parallel slice of each (so any number of ranks makes the steps one
         process would)."""
@@ -291,17 +291,17 @@ class TrainerWorker(Worker):
         dp_size = self.world // (self.tp * self.pp)
         return (self.rank // self.tp) % dp_size, dp_size
 
-    def _make_trainer(self, model, loss, settings) -> Trainer:
+    def _make_trainer(self, model, loss, config, options: dict) -> Trainer:
         """A Trainer for `model`, or a PipelineTrainer for this rank's stage when pipeline stages are configured."""
         if self.pp == 1:
-            return Trainer(model, loss, settings, self.tokenizer.pad_token_id)
+            return Trainer(model, loss, config, self.tokenizer.pad_token_id, **options)
         from forge_core.training.pipeline import PipelineTrainer
 
         head = model.decoder.lm_head  # on the last stage: applied by the loss to the response positions only
         if head is not None:
             model.decoder._skip_lm_head = True
-        return PipelineTrainer(model, model.decoder, loss, settings, self.tokenizer.pad_token_id, self.pp_group,
-                               self.stage, self.pp, next(model.parameters()).device, head=head)
+        return PipelineTrainer(model, model.decoder, loss, config, self.tokenizer.pad_token_id, self.pp_group,
+                               self.stage, self.pp, next(model.parameters()).device, head=head, **options)
 
     def follow(self) -> None:
         """Ranks > 0: run every call rank 0 broadcasts until shutdown."""

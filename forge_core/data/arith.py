@@ -15,28 +15,30 @@ ITEMS = ("apples", "books", "coins", "pens", "cards", "eggs")
 SPLITS = ("train", "test")
 
 
-@dataclass(frozen=True)
+@dataclass
 class ArithSpec:
-    """Difficulty knobs: operand range, number of terms, operators, and phrasing (`equation` or `word`)."""
+    """Difficulty knobs: operand range, number of terms, operators, and phrasing (`equation` or `word`); the
+    `dataset` section's own keys for dataset.kind arith (DatasetConfig inherits them)."""
 
     min_value: int = 0
-    max_value: int = 20
+    max_value: int = 99
     num_terms: int = 2
-    ops: tuple[str, ...] = ("+", "-")
-    style: str = "equation"
-    test_fraction: float = 0.1
+    ops: str = "+-"  # the operators to draw from, a subset of "+-*"
+    style: str = "equation"  # equation | word
+    test_fraction: float = 0.1  # the share of all expressions that belongs to the held-out split
 
-    def validate(self) -> None:
+    def check(self, where: str = "dataset") -> None:
+        """ValueError naming the key and the fix."""
         if self.min_value > self.max_value:
-            raise ValueError(f"arith min_value {self.min_value} > max_value {self.max_value}")
+            raise ValueError(f"{where}.min_value {self.min_value} > {where}.max_value {self.max_value}")
         if self.num_terms < 2:
-            raise ValueError(f"arith num_terms must be >= 2; got {self.num_terms}")
+            raise ValueError(f"{where}.num_terms must be >= 2; got {self.num_terms}")
         if not set(self.ops) <= {"+", "-", "*"} or not self.ops:
-            raise ValueError(f"arith ops must be a non-empty subset of ['+', '-', '*']; got {list(self.ops)}")
+            raise ValueError(f"{where}.ops must be a non-empty subset of ['+', '-', '*']; got {list(self.ops)}")
         if self.style not in ("equation", "word"):
-            raise ValueError(f"arith style must be 'equation' or 'word'; got {self.style!r}")
+            raise ValueError(f"{where}.style = {self.style!r} is not one of ['equation', 'word']")
         if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"arith test_fraction must be in (0, 1); got {self.test_fraction}")
+            raise ValueError(f"{where}.test_fraction must be in (0, 1); got {self.test_fraction}")
 
 
 def split_of(expression: str, test_fraction: float) -> str:
@@ -60,7 +62,7 @@ def phrase(terms: list[int], ops: list[str], style: str, rng: random.Random) -> 
 def make_arith_problems(n: int, seed: int = 0, split: str = "train", spec: ArithSpec | None = None) -> list[Problem]:
     """`n` distinct problems of `split` in GSM8K form (solution '<expr>=<value>\\n#### <value>')."""
     spec = spec or ArithSpec()
-    spec.validate()
+    spec.check()
     if split not in SPLITS:
         raise ValueError(f"arith split must be one of {SPLITS}; got {split!r}")
     rng = random.Random(f"{seed}:{split}")
@@ -71,7 +73,9 @@ def make_arith_problems(n: int, seed: int = 0, split: str = "train", spec: Arith
         attempts += 1
         if attempts > 200 * n + 10_000:
             raise ValueError(
-                f"only {len(problems)} distinct {split} problems exist for {spec}; widen max_value or num_terms"
+                f"only {len(problems)} distinct {split} problems exist with min_value {spec.min_value}, max_value "
+                f"{spec.max_value}, num_terms {spec.num_terms} and ops {spec.ops!r}; widen dataset.max_value or "
+                f"dataset.num_terms, or ask for fewer (dataset.train_size / eval.num_prompts)"
             )
         terms = [rng.randint(spec.min_value, spec.max_value) for _ in range(spec.num_terms)]
         ops = [rng.choice(spec.ops) for _ in range(spec.num_terms - 1)]

@@ -3,10 +3,10 @@ preallocated KV cache, and a generic fallback through the HF forward with its ca
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
+
+from forge_core.models.loading import cache_keyword
 
 FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 LENGTH_BUCKET = 64  # fixed-shape decode attends over the cache up to the next multiple of this
@@ -198,9 +198,7 @@ class HFCacheDecoder:
         self.model = model
         self.past = None
         self.supports_select = False
-        # transformers >= 5.x names the cache argument `cache`; older releases call it `past_key_values`
-        params = inspect.signature(model.forward).parameters
-        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = cache_keyword(model) or "past_key_values"
 
     def prefill(self, ids, attention_mask, max_new_tokens: int, repeat: int) -> torch.Tensor:
         if repeat > 1:

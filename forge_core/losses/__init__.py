@@ -8,7 +8,7 @@ from torch import nn
 
 from forge_core.imports import import_object
 from forge_core.losses.base import PolicyLoss
-from forge_core.losses.checks import check_hyperparameters
+from forge_core.losses.checks import check_hyperparameters, constructor_signature
 from forge_core.losses.cispo import CISPOLoss
 from forge_core.losses.dapo import DAPOLoss
 from forge_core.losses.grpo import DrGRPOLoss, GRPOLoss, SimpleGRPOLoss
@@ -30,7 +30,8 @@ LOSSES: dict[str, Callable[..., nn.Module]] = {
     "sft": SFTLoss,
 }
 
-__all__ = ["LOSSES", "PolicyLoss", "check_loss", "get_loss", "import_object", "resolve_loss"] + [c.__name__ for c in LOSSES.values()]
+__all__ = ["LOSSES", "PolicyLoss", "check_loss", "complete_hyperparameters", "get_loss", "implied_advantage",
+           "import_object", "resolve_loss"] + [c.__name__ for c in LOSSES.values()]
 
 
 def resolve_loss(name: str) -> Callable[..., nn.Module]:
@@ -40,6 +41,20 @@ def resolve_loss(name: str) -> Callable[..., nn.Module]:
     if ":" in name:
         return import_object(name, "loss.name")
     raise ValueError(f"unknown loss.name {name!r}; choose one of {sorted(LOSSES)} or 'module.path:ClassName'")
+
+
+def complete_hyperparameters(name: str, hyperparams: dict, max_new_tokens: int) -> dict:
+    """`hyperparams` with max_len set to the generator's token budget when the loss's aggregation (given, or its
+    default, as Dr. GRPO's) normalises by it and no max_len is given."""
+    _, defaults = constructor_signature(resolve_loss(name))
+    if {**defaults, **hyperparams}.get("aggregation") == "seq-mean-token-sum-norm":
+        return {"max_len": max_new_tokens, **hyperparams}
+    return dict(hyperparams)
+
+
+def implied_advantage(name: str) -> str | None:
+    """The advantage estimator a registered loss implies when a config names none (no import happens here)."""
+    return getattr(LOSSES.get(name), "implied_advantage", None)
 
 
 def check_loss(name: str, **hyperparams) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from forge_core.losses.checks import AGGREGATIONS, KL_ESTIMATORS, check_values
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -91,14 +92,38 @@ def masked_fraction(flags: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 class PolicyLoss(nn.Module):
-    """Base class: holds the aggregation settings and the `metrics` dict of the last call."""
+    """Base class: holds the aggregation settings and the `metrics` dict of the last call.
+
+    A loss's hyperparameters are its constructor's keyword arguments; their checks are its `check` classmethod,
+    which the constructor calls and the controller calls without building the loss (`check_loss`)."""
+
+    # the advantage estimator a config with this loss gets unless it names one (Dr. GRPO: mean-only advantages)
+    implied_advantage: str | None = None
 
     def __init__(self, aggregation: str = "seq-mean-token-mean", max_len: int | None = None) -> None:
         super().__init__()
-        check_values(aggregation=aggregation, max_len=max_len)
+        self.check(aggregation=aggregation, max_len=max_len)
         self.aggregation = aggregation
         self.max_len = max_len
         self.metrics: dict[str, float] = {}
+
+    @classmethod
+    def check(cls, **hyperparams) -> None:
+        """Refuse bad values of the keys every loss family shares: aggregation and max_len, kl_estimator, and a clip
+        range (clip_low/clip_high >= 0); a key not given is not checked. Subclasses add their own keys."""
+        aggregation = hyperparams.get("aggregation")
+        if aggregation is not None and aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown loss.aggregation {aggregation!r}; choose one of {AGGREGATIONS}")
+        max_len = hyperparams.get("max_len")
+        if aggregation == "seq-mean-token-sum-norm" and (max_len is None or max_len <= 0):
+            raise ValueError("aggregation 'seq-mean-token-sum-norm' needs a positive loss.max_len "
+                             "(usually generator.max_new_tokens)")
+        if "kl_estimator" in hyperparams and hyperparams["kl_estimator"] not in KL_ESTIMATORS:
+            raise ValueError(f"unknown loss.kl_estimator {hyperparams['kl_estimator']!r}; choose one of {KL_ESTIMATORS}")
+        clips = [hyperparams.get(k) for k in ("clip_low", "clip_high") if hyperparams.get(k) is not None]
+        if any(c < 0 for c in clips):
+            raise ValueError(f"loss.clip_low/clip_high must be >= 0; got {hyperparams.get('clip_low')}, "
+                             f"{hyperparams.get('clip_high')}")
 
     def reduce(self, per_token: torch.Tensor, mask: torch.Tensor, num_tokens=None, num_seqs=None) -> torch.Tensor:
         return aggregate(per_token, mask, self.aggregation, self.max_len, num_tokens, num_seqs)

@@ -20,6 +20,7 @@ class CISPOLoss(PolicyLoss):
     def __init__(self, clip_low: float | None = None, clip_high: float = 4.0, beta: float = 0.0,
                  kl_estimator: str = "k3", aggregation: str = "token-mean", max_len: int | None = None) -> None:
         super().__init__(aggregation, max_len)
+        self.check(clip_low=clip_low, clip_high=clip_high, kl_estimator=kl_estimator)
         self.clip_low, self.clip_high, self.beta, self.kl_estimator = clip_low, clip_high, beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,

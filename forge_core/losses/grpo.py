@@ -12,7 +12,6 @@ from forge_core.losses.base import (
     masked_fraction,
     ratio_metrics,
 )
-from forge_core.losses.checks import check_values
 
 
 class GRPOLoss(PolicyLoss):
@@ -29,9 +28,16 @@ class GRPOLoss(PolicyLoss):
         clip_ratio_c: float | None = None,
     ) -> None:
         super().__init__(aggregation, max_len)
-        check_values(kl_estimator=kl_estimator, clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c)
+        self.check(kl_estimator=kl_estimator, clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c)
         self.clip_low, self.clip_high, self.beta = clip_low, clip_high, beta
         self.kl_estimator, self.clip_ratio_c = kl_estimator, clip_ratio_c
+
+    @classmethod
+    def check(cls, **hyperparams) -> None:
+        """The shared checks, and clip_ratio_c (dual clip) > 1."""
+        super().check(**hyperparams)
+        if hyperparams.get("clip_ratio_c") is not None and hyperparams["clip_ratio_c"] <= 1.0:
+            raise ValueError(f"loss.clip_ratio_c must be > 1 (dual clip, e.g. 3.0); got {hyperparams['clip_ratio_c']}")
 
     def forward(
         self,
@@ -67,7 +73,9 @@ class GRPOLoss(PolicyLoss):
 
 
 class DrGRPOLoss(GRPOLoss):
-    """Dr. GRPO: GRPO with token sums normalised by batch × max_len (no length bias)."""
+    """Dr. GRPO: GRPO with token sums normalised by batch × max_len (no length bias), on mean-only advantages."""
+
+    implied_advantage = "dr_grpo"
 
     def __init__(self, max_len: int | None = None, aggregation: str = "seq-mean-token-sum-norm", **kwargs) -> None:
         super().__init__(max_len=max_len, aggregation=aggregation, **kwargs)
@@ -79,7 +87,7 @@ class SimpleGRPOLoss(PolicyLoss):
     def __init__(self, beta: float = 0.1, kl_estimator: str = "k3", aggregation: str = "seq-mean-token-mean",
                  max_len: int | None = None) -> None:
         super().__init__(aggregation, max_len)
-        check_values(kl_estimator=kl_estimator)
+        self.check(kl_estimator=kl_estimator)
         self.beta, self.kl_estimator = beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,

@@ -33,6 +33,7 @@ class GSPOLoss(PolicyLoss):
     def __init__(self, clip_low: float = 3e-4, clip_high: float = 4e-4, beta: float = 0.0,
                  kl_estimator: str = "k3") -> None:
         super().__init__("seq-mean-token-mean")
+        self.check(clip_low=clip_low, clip_high=clip_high, kl_estimator=kl_estimator)
         self.clip_low, self.clip_high, self.beta, self.kl_estimator = clip_low, clip_high, beta, kl_estimator
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,

@@ -12,7 +12,6 @@ from forge_core.losses.base import (
     masked_fraction,
     ratio_metrics,
 )
-from forge_core.losses.checks import check_values
 
 
 class ReinforceLoss(PolicyLoss):
@@ -21,8 +20,15 @@ class ReinforceLoss(PolicyLoss):
     def __init__(self, clip_ratio: float | None = None, beta: float = 0.0, kl_estimator: str = "k3",
                  aggregation: str = "token-mean", max_len: int | None = None) -> None:
         super().__init__(aggregation, max_len)
-        check_values(clip_ratio=clip_ratio, kl_estimator=kl_estimator)
+        self.check(clip_ratio=clip_ratio, kl_estimator=kl_estimator)
         self.clip_ratio, self.beta, self.kl_estimator = clip_ratio, beta, kl_estimator
+
+    @classmethod
+    def check(cls, **hyperparams) -> None:
+        """The shared checks, and clip_ratio > 0 (or None)."""
+        super().check(**hyperparams)
+        if hyperparams.get("clip_ratio") is not None and hyperparams["clip_ratio"] <= 0:
+            raise ValueError(f"loss.clip_ratio must be > 0 (e.g. 2.0) or null; got {hyperparams['clip_ratio']}")
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
                 num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from forge_core.losses.base import PolicyLoss, broadcast_advantages, check_shapes, log_ratio, ratio_metrics
-from forge_core.losses.checks import check_values
 
 
 class SAPOLoss(PolicyLoss):
@@ -14,8 +13,17 @@ class SAPOLoss(PolicyLoss):
     def __init__(self, tau_pos: float = 1.0, tau_neg: float = 1.05, beta: float = 0.0, kl_estimator: str = "k3",
                  aggregation: str = "seq-mean-token-mean", max_len: int | None = None) -> None:
         super().__init__(aggregation, max_len)
-        check_values(tau_pos=tau_pos, tau_neg=tau_neg, kl_estimator=kl_estimator)
+        self.check(tau_pos=tau_pos, tau_neg=tau_neg, kl_estimator=kl_estimator)
         self.tau_pos, self.tau_neg, self.beta, self.kl_estimator = tau_pos, tau_neg, beta, kl_estimator
+
+    @classmethod
+    def check(cls, **hyperparams) -> None:
+        """The shared checks, and the gate temperatures tau_pos/tau_neg > 0."""
+        super().check(**hyperparams)
+        taus = [hyperparams.get(k) for k in ("tau_pos", "tau_neg") if hyperparams.get(k) is not None]
+        if any(t <= 0 for t in taus):
+            raise ValueError(f"loss.tau_pos/tau_neg must be > 0; got {hyperparams.get('tau_pos')}, "
+                             f"{hyperparams.get('tau_neg')}")
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
                 num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 
@@ -21,6 +22,13 @@ TINY_PRESETS["qwen3-arith-untied"] = dict(TINY_PRESETS["qwen3-arith"], tie_word_
 TINY_PREFIX = "tiny:"
 SOURCES_HINT = ("use a local HF directory, a reachable hub id, a named model such as smollm2-135m-instruct, or a tiny "
                 "preset such as tiny:qwen3-arith")
+
+
+def cache_keyword(module) -> str | None:
+    """The name under which an HF model's (or decoder's) forward takes its key/value cache: `cache` in transformers
+    5.x, `past_key_values` before; None when it takes none."""
+    params = inspect.signature(module.forward).parameters
+    return next((k for k in ("cache", "past_key_values") if k in params), None)
 
 
 def check_tiny_preset(preset: str) -> None:

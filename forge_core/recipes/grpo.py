@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from forge_core.data.problems import Problem
-from forge_core.generation import SamplingParams, TorchGenerator
+from forge_core.generation import TorchGenerator
+from forge_core.recipes.config import EvalConfig, GRPOConfig
 from forge_core.recipes.iteration import Roles, run_grpo_steps, run_iteration
 from forge_core.recipes.local import (
     HistoryRecorder,
@@ -24,24 +25,6 @@ from forge_core.training.correction import RolloutCorrection
 
 
 @dataclass
-class GRPOSettings:
-    """What one GRPO run needs besides its components."""
-
-    steps: int = 200
-    prompts_per_step: int = 16
-    group_size: int = 8
-    seed: int = 0
-    advantage: dict = field(default_factory=lambda: {"name": "grpo"})
-    filter_groups: bool = False
-    fill_rounds: int = 1  # with filter_groups: sampling rounds to refill dropped groups (DAPO dynamic sampling)
-    eval_every: int = 10
-    eval_samples: int = 0
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_policy_age: int = 0  # N >= 1: N rollouts sampled ahead of the trainer (with the weights of then)
-    correction: RolloutCorrection = field(default_factory=RolloutCorrection)
-
-
-@dataclass
 class GRPOLoop:
     """Components of an in-process run, driven by the iteration spine; `run_step(step)` performs step → step+1."""
 
@@ -52,25 +35,28 @@ class GRPOLoop:
     train_prompts: Sequence[str]
     eval_problems: Sequence[Problem]
     eval_prompts: Sequence[str]
-    settings: GRPOSettings
+    config: GRPOConfig  # the run-level keys (a RunConfig is one)
     pad_id: int
     ref_model: object | None = None
+    advantage: dict = field(default_factory=lambda: {"name": "grpo"})  # the advantage section: {name, **params}
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    correction: RolloutCorrection = field(default_factory=RolloutCorrection)
 
     def __post_init__(self) -> None:
-        s = self.settings
+        run, sampling = self.config, self.generator.params
         local = LocalGenerator(self.generator, self.train_problems, self.train_prompts, self.eval_problems,
-                               self.eval_prompts, s.prompts_per_step, s.group_size, s.seed, s.sampling,
-                               eval_samples=s.eval_samples, fill_rounds=s.fill_rounds if s.filter_groups else 1,
+                               self.eval_prompts, run.prompts_per_step, run.group_size, run.seed, sampling,
+                               eval_samples=self.eval.samples, fill_rounds=run.refill_rounds,
                                reward=self.reward, trainer=self.trainer)
         reference = None
         if self.ref_model is not None:
-            reference = LocalReferenceScorer(self.ref_model, self.pad_id, s.sampling.temperature)
+            reference = LocalReferenceScorer(self.ref_model, self.pad_id, sampling.temperature)
         self.roles = Roles(local, ScoredDuringRollout() if local.refills else LocalRewardScorer(self.reward),
-                           LocalTrainer(self.trainer, self.pad_id, dict(s.advantage), s.filter_groups, s.seed,
-                                        s.correction), reference)
+                           LocalTrainer(self.trainer, self.pad_id, dict(self.advantage), run.filter_groups, run.seed,
+                                        self.correction), reference)
         # one process, one model: the generator sees every version (a rollout ahead samples before the step
         # trains, so with the weights of then), no checkpoints but the final one
-        self.schedule = Schedule(steps=s.steps, eval_every=s.eval_every, max_policy_age=s.max_policy_age)
+        self.schedule = Schedule(steps=run.steps, eval_every=self.eval.every, max_policy_age=run.max_policy_age)
 
     def evaluate(self) -> dict[str, float]:
         """Held-out greedy (and optionally sampled) accuracy of the current policy."""
@@ -83,7 +69,7 @@ class GRPOLoop:
         return recorder.history[-1]
 
     def run(self, start_step: int = 0, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
-        """Steps start_step..settings.steps-1; `on_step(step, metrics)` after each. Returns the metric history."""
+        """Steps start_step..config.steps-1; `on_step(step, metrics)` after each. Returns the metric history."""
         recorder = HistoryRecorder(on_step)
         run_grpo_steps(self.roles, self.schedule, start_step, recorder)
         return recorder.history

@@ -40,16 +40,13 @@ class LocalGenerator:
         """Sample the step's groups; (groups, rollout/* and timing/rollout metrics)."""
         t0 = time.perf_counter()
 
-        def sample_round(n: int, salt: int) -> Batch:
-            idx = steps.sample_prompt_indices(len(self.problems), n, self.seed + 7919 * salt, step)
-            groups = steps.rollout(self.generator, [self.problems[i] for i in idx], [self.prompts[i] for i in idx],
-                                   self.group_size, steps.step_seed(self.seed, step, salt), self.sampling)
-            return groups, (steps.score_rewards(groups, self.reward) if self.refills else {})
+        def sample(indices: list[int], seed: int) -> list[Group]:
+            return steps.rollout(self.generator, [self.problems[i] for i in indices],
+                                 [self.prompts[i] for i in indices], self.group_size, seed, self.sampling)
 
-        if self.refills:  # the refill needs to know which groups are informative
-            groups, metrics = steps.sample_with_refills(sample_round, self.prompts_per_step, self.fill_rounds)
-        else:
-            groups, metrics = sample_round(self.prompts_per_step, 0)
+        score = (lambda groups: (groups, steps.score_rewards(groups, self.reward))) if self.refills else None
+        groups, metrics = steps.sample_batch(step, len(self.problems), self.prompts_per_step, self.seed, sample, score,
+                                             self.fill_rounds)
         metrics.update(steps.rollout_metrics(groups, step, time.perf_counter() - t0))
         return groups, metrics
 

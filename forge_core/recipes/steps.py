@@ -75,6 +75,24 @@ def sample_with_refills(sample_round: Callable[[int, int], Batch], num_groups: i
                     "rollout/refill_dropped": float(stats.dropped)}
 
 
+def sample_batch(step: int, num_problems: int, prompts_per_step: int, seed: int,
+                 sample: Callable[[list[int], int], list[Group]], score: Callable[[list[Group]], Batch] | None = None,
+                 fill_rounds: int = 1) -> Batch:
+    """The step's training groups, in-process or through workers alike: `sample(indices, seed)` rolls out the
+    training problems at `indices`; with `score` (DAPO dynamic sampling) each round is scored and dropped groups are
+    refilled with fresh prompts for up to `fill_rounds` rounds. Round r draws its prompts and sampling seed from
+    (seed, step, r), so a resumed or retried step samples the same."""
+
+    def sample_round(n: int, salt: int) -> Batch:
+        indices = sample_prompt_indices(num_problems, n, seed + 7919 * salt, step)
+        groups = sample(indices, step_seed(seed, step, salt))
+        return score(groups) if score is not None else (groups, {})
+
+    if score is not None:
+        return sample_with_refills(sample_round, prompts_per_step, fill_rounds)
+    return sample_round(prompts_per_step, 0)
+
+
 def score_rewards(groups: list[Group], reward: CombinedReward) -> dict[str, float]:
     """Set each episode's reward (and per-function breakdown); returns reward/* metrics."""
     episodes = [e for g in groups for e in g.episodes]

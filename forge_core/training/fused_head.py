@@ -35,8 +35,8 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             lse = z.logsumexp(-1)
             lps.append(z.gather(-1, targets[start:start + chunk, None]).squeeze(-1) - lse)
             lses.append(lse)
-            if with_entropy:
-                ents.append(lse - ((z - lse[:, None]).exp() * z).sum(-1))
+            if with_entropy:  # p = exp(z - lse) written over a copy once, then one product: [n, V] passes cost
+                ents.append(lse - ((z - lse[:, None]).exp_() * z).sum(-1))
         lp, lse = torch.cat(lps), torch.cat(lses)
         ent = torch.cat(ents) if with_entropy else lp.new_zeros(0)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
@@ -58,15 +58,22 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             sl = slice(start, start + chunk)
             h = hidden[sl]
             z = head_chunk(h, w, bias, dtype, temperature)
-            logp = z - lse[sl, None]
-            p = logp.exp()
-            # d lp / dz = onehot(target) - p;  d entropy / dz = -p (log p + entropy)
-            gz = torch.zeros_like(z) if g_lp is None else -p * g_lp[sl, None]
+            # d lp / dz = onehot(target) - p;  d entropy / dz = -p (log p + entropy). In place where the entropy
+            # needs no gradient: each fresh [n, V] float32 tensor costs a pass and its page faults
+            if use_ent:
+                logp = z - lse[sl, None]
+                p = logp.exp()
+                gz = torch.zeros_like(z) if g_lp is None else -p * g_lp[sl, None]
+                gz -= p * (logp + ent[sl, None]) * g_ent[sl, None]
+            elif g_lp is None:
+                gz = torch.zeros_like(z)
+            else:
+                gz = z.sub_(lse[sl, None]).exp_().mul_(-g_lp[sl, None])
             if g_lp is not None:
                 gz.scatter_add_(-1, targets[sl, None], g_lp[sl, None].to(gz.dtype))
-            if use_ent:
-                gz -= p * (logp + ent[sl, None]) * g_ent[sl, None]
-            gz = (gz / temperature).to(dtype)
+            if temperature != 1.0:
+                gz.div_(temperature)
+            gz = gz.to(dtype)
             if grad_h is not None:
                 grad_h[sl] = (gz @ w).to(hidden.dtype)
             if grad_w is not None:

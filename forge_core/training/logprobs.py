@@ -39,15 +39,25 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: in
 def response_hidden(model, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
                     pack_pad_id: int | None = None):
     """(hidden states [B, T, H] predicting the tokens at `positions` [B, T], the LM head), or None when the model
-    must be run whole (it picks positions itself, or is an FSDP2-sharded root that only gathers its own embedding
-    and head parameters inside its forward). With `pack_pad_id`, the rows run packed (forge_core.training.packing)."""
+    must be run whole (decoder_and_head). With `pack_pad_id`, the rows run packed (forge_core.training.packing)."""
+    parts = decoder_and_head(model)
+    if parts is None:
+        return None
+    decoder, head = parts
+    return pick_positions(decoder, tokens, attention_mask, positions, pack_pad_id), head
+
+
+def decoder_and_head(model):
+    """(decoder, LM head) of a model whose head can run apart from its decoder (fused with the log-softmax), or None
+    when the model must run whole: it picks positions itself (TitanCausalLM), is an FSDP2-sharded root (it gathers
+    its embedding and head parameters only inside its own forward), or its head is wrapped or hooked."""
     if hasattr(model, "response_logits") or hasattr(model, "reshard"):
         return None
     decoder, head = getattr(model, "get_decoder", lambda: None)(), model.get_output_embeddings()
     # the fused path reads head.weight itself: a wrapped head (LoRA) or one with hooks must run as a module
     if decoder is None or type(head) is not torch.nn.Linear or head._forward_hooks or head._forward_pre_hooks:
         return None
-    return pick_positions(decoder, tokens, attention_mask, positions, pack_pad_id), head
+    return decoder, head
 
 
 def main_output(out) -> torch.Tensor:

@@ -23,9 +23,9 @@ class PipelineTrainer(Trainer):
     it the schedule runs: the first stage takes token ids [b, L], the last returns logits [b, L, V] — or, given the
     LM `head`, hidden states [b, L, D] that the loss sends through the head at the response positions only."""
 
-    def __init__(self, model, stage_module, loss, settings, pad_id: int, group, stage_index: int, num_stages: int,
-                 device: torch.device, head: torch.nn.Module | None = None) -> None:
-        super().__init__(model, loss, settings, pad_id)
+    def __init__(self, model, stage_module, loss, config, pad_id: int, group, stage_index: int, num_stages: int,
+                 device: torch.device, head: torch.nn.Module | None = None, **options) -> None:
+        super().__init__(model, loss, config, pad_id, **options)  # options: Trainer's total_steps, temperature, …
         self.stage_module, self.group, self.device, self.head = stage_module, group, device, head
         self.stage_index, self.num_stages = stage_index, num_stages
         self.first, self.last = stage_index == 0, stage_index == num_stages - 1
@@ -44,7 +44,7 @@ class PipelineTrainer(Trainer):
         num_seqs = num_seqs or (kept.sum(-1) > 0).sum().clamp(min=1).item()
         batch = collate(inputs, mask, self.pad_id)
         rows = len(inputs)
-        n_micro = min(rows, max(-(-rows // self.settings.micro_batch_size), self.num_stages))
+        n_micro = min(rows, max(-(-rows // self.config.micro_batch_size), self.num_stages))
         extra = -rows % n_micro  # empty rows (no real token) so every micro-batch has the same shape
         data = {"tokens": pad_rows(batch.tokens, extra, self.pad_id), "positions": pad_rows(batch.positions, extra, 0),
                 "mask": pad_rows(mask, extra, False)}
@@ -99,8 +99,8 @@ class PipelineTrainer(Trainer):
         prev, nxt, last = (dist.get_global_rank(self.group, s) if 0 <= s < self.num_stages else None
                            for s in (self.stage_index - 1, self.stage_index + 1, self.num_stages - 1))
         parts = []
-        for start in range(0, len(inputs), self.settings.micro_batch_size):
-            sl = slice(start, start + self.settings.micro_batch_size)
+        for start in range(0, len(inputs), self.config.micro_batch_size):
+            sl = slice(start, start + self.config.micro_batch_size)
             x = tokens[sl]
             if not self.first:
                 x = torch.empty((*x.shape, in_dim), dtype=in_dtype, device=self.device)
@@ -124,14 +124,14 @@ class PipelineTrainer(Trainer):
     def _response_logprobs(self, output, positions, tokens) -> torch.Tensor:
         """Logprobs [b, T] (at least float32: gather_logprobs upcasts) of the response tokens from the last stage's output."""
         logits = self._response_logits(output, positions)
-        return gather_logprobs(logits, tokens.gather(1, positions), self.settings.temperature)
+        return gather_logprobs(logits, tokens.gather(1, positions), self.temperature)
 
     def _loss(self, output, index, data, totals: StepTotals, num_tokens, num_seqs) -> torch.Tensor:
         """The policy loss of one micro-batch (rows `index` of the padded batch) from the last stage's output."""
         positions = data["positions"][index]
         picked = self._response_logits(output, positions)
-        lp = gather_logprobs(picked, data["tokens"][index].gather(1, positions), self.settings.temperature)
-        ent = token_entropy(picked if self.settings.entropy_coef else picked.detach(), self.settings.temperature)
+        lp = gather_logprobs(picked, data["tokens"][index].gather(1, positions), self.temperature)
+        ent = token_entropy(picked if self.config.entropy_coef else picked.detach(), self.temperature)
         rows = lambda key: data[key][index] if key in data else None  # noqa: E731
         kept = data["mask"][index] & (rows("loss_mask").bool() if "loss_mask" in data else True)
         return self.micro_batch_loss(lp, ent, kept, rows("ref_logprobs"), rows("advantages"),
@@ -173,7 +173,7 @@ class PipelineTrainer(Trainer):
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise RuntimeError(f"non-finite gradient norm at step {self.step}; weights left unchanged — lower trainer.lr")
-        max_norm = self.settings.max_norm if self.settings.max_norm > 0 else float("inf")
+        max_norm = self.config.max_norm if self.config.max_norm > 0 else float("inf")
         coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
         if coef < 1.0:
             for g in grads:

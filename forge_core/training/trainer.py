@@ -14,56 +14,18 @@ import torch
 from forge_core.models.lora import adapters_disabled
 from forge_core.seeding import restore_rng_states, rng_states
 from forge_core.training.batching import collate
+from forge_core.training.config import TrainerConfig
 from forge_core.training.correction import mismatch_metrics
 from forge_core.training.logprobs import sequence_logprobs
+from forge_core.training.shared_prompts import can_share_prompts, shared_prompt_logprobs, split_shared_prompts
 from forge_core.training.state_hash import state_sha256
 
 log = logging.getLogger(__name__)
 
-SCHEDULES = ("constant", "cosine", "linear")
-
-
-@dataclass
-class TrainerSettings:
-    """Optimizer and step settings (config section `trainer`)."""
-
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    max_norm: float = 1.0
-    micro_batch_size: int = 32
-    warmup_steps: int = 0
-    schedule: str = "constant"
-    total_steps: int = 0
-    min_lr_ratio: float = 0.0
-    entropy_coef: float = 0.0
-    temperature: float = 1.0
-    mini_batches: int = 1  # optimizer steps per rollout batch (PPO mini-batches)
-    epochs: int = 1  # passes over the rollout batch
-    # mixed precision: forward/backward under autocast to this dtype while the parameters, gradients and AdamW
-    # state stay in the model's own dtype (fp32 master weights); None computes in the parameters' dtype
-    compute_dtype: torch.dtype | None = None
-    pack: bool = False  # run each micro-batch's rows packed (no padding FLOPs; HF models)
-
-    def validate(self) -> None:
-        if self.lr <= 0 or not math.isfinite(self.lr):
-            raise ValueError(f"trainer.lr must be a positive number; got {self.lr}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"trainer.schedule {self.schedule!r} unknown; choose one of {SCHEDULES}")
-        if self.schedule != "constant" and self.total_steps <= 0:
-            raise ValueError(f"trainer.schedule {self.schedule!r} needs trainer.total_steps > 0")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"trainer.micro_batch_size must be >= 1; got {self.micro_batch_size}")
-        for key in ("mini_batches", "epochs"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise ValueError(f"trainer.{key} must be an integer >= 1 (1 = one pass, one optimizer step); "
-                                 f"got {getattr(self, key)!r}")
-        if self.compute_dtype not in (None, torch.bfloat16, torch.float32):
-            raise ValueError(f"compute dtype {self.compute_dtype} is not supported: bfloat16 (fp32 master weights) or "
-                             "float32; float16 would need loss scaling")
-        if self.temperature <= 0:
-            raise ValueError(f"trainer.temperature must be > 0 (the generator's sampling temperature); got {self.temperature}")
+# AdamW's moment decay rates and epsilon (PyTorch's defaults; not config keys)
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+COMPUTE_DTYPES = (None, torch.bfloat16, torch.float32)
 
 
 @dataclass
@@ -89,31 +51,49 @@ def add_mismatch(totals: StepTotals, current: torch.Tensor, behaviour: torch.Ten
     totals.maxima[top] = max(totals.maxima.get(top, 0.0), found[top])
 
 
-def lr_factor(step: int, s: TrainerSettings) -> float:
-    """Multiplier of the base lr at optimizer step `step` (0-based): linear warmup then constant/cosine/linear."""
-    if s.warmup_steps and step < s.warmup_steps:
-        return (step + 1) / s.warmup_steps
-    if s.schedule == "constant":
+def lr_factor(step: int, config: TrainerConfig, total_steps: int) -> float:
+    """Multiplier of the base lr at optimizer step `step` (0-based): linear warmup then constant/cosine/linear.
+    config.warmup_steps and `total_steps` count RL steps, each config.optimizer_steps_per_step optimizer steps."""
+    per_step = config.optimizer_steps_per_step
+    warmup, total = config.warmup_steps * per_step, total_steps * per_step
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if config.schedule == "constant":
         return 1.0
-    span = max(1, s.total_steps - s.warmup_steps)
-    progress = min(1.0, (step - s.warmup_steps) / span)
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if s.schedule == "cosine" else 1.0 - progress
-    return s.min_lr_ratio + (1 - s.min_lr_ratio) * shape
+    span = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if config.schedule == "cosine" else 1.0 - progress
+    return config.min_lr_ratio + (1 - config.min_lr_ratio) * shape
 
 
 class Trainer:
-    """Owns the policy model, its AdamW optimizer and schedule; `train_step(inputs, targets) -> loss`."""
+    """Owns the policy model, its AdamW optimizer and schedule; `train_step(inputs, targets) -> loss`.
 
-    def __init__(self, model, loss: torch.nn.Module, settings: TrainerSettings, pad_id: int) -> None:
-        settings.validate()
-        self.model, self.loss_fn, self.settings, self.pad_id = model, loss, settings, pad_id
+    `config` is the trainer section; the rest comes from other sections: `total_steps` (RL steps, the schedule's
+    horizon), `temperature` (the generator's, which the logprobs are taken at) and `compute_dtype` (mixed
+    precision: forward/backward under autocast to it while the parameters, gradients and AdamW state stay in the
+    model's own dtype; None computes in the parameters' dtype)."""
+
+    def __init__(self, model, loss: torch.nn.Module, config: TrainerConfig, pad_id: int, *, total_steps: int = 0,
+                 temperature: float = 1.0, compute_dtype: torch.dtype | None = None) -> None:
+        config.check()
+        if config.schedule != "constant" and total_steps <= 0:
+            raise ValueError(f"trainer.schedule {config.schedule!r} needs a positive number of steps; got {total_steps}")
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute dtype {compute_dtype} is not supported: bfloat16 (fp32 master weights) or "
+                             "float32; float16 would need loss scaling")
+        if temperature <= 0:
+            raise ValueError(f"the sampling temperature must be > 0 (generator.temperature); got {temperature}")
+        self.model, self.loss_fn, self.config, self.pad_id = model, loss, config, pad_id
+        self.total_steps, self.temperature, self.compute_dtype = total_steps, temperature, compute_dtype
         params = [p for p in model.parameters() if p.requires_grad]
         # the fused kernel on CUDA and on CPU: one pass over each tensor (on CPU 0.15 s instead of 0.7 s per step
         # for 135M parameters); other devices keep the default (foreach) implementation
         fused = True if params and all(p.device.type in ("cuda", "cpu") for p in params) else None
-        self.optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas, eps=settings.eps,
-                                           weight_decay=settings.weight_decay, fused=fused)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, settings))
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=ADAM_BETAS, eps=ADAM_EPS,
+                                           weight_decay=config.weight_decay, fused=fused)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(step, config, total_steps))
         self.step = 0
         self.metrics: dict[str, float] = {}
         # LoRA runs with a KL term: the reference policy is this model with its adapters off (no reference copy)
@@ -121,19 +101,24 @@ class Trainer:
 
     def logprobs(self, inputs: list[dict], padding_mask: torch.Tensor, with_entropy: bool = False):
         """(logprobs [B, T], entropy or None) of the response tokens under the current weights."""
+        entropy_grad = self.config.entropy_coef != 0
+        if self.config.share_prompts and not self.config.pack and can_share_prompts(self.model):
+            shared = split_shared_prompts(inputs, padding_mask, self.pad_id)
+            with compute_precision(self.model, self.compute_dtype):
+                return shared_prompt_logprobs(self.model, shared, self.temperature, with_entropy, entropy_grad)
         batch = collate(inputs, padding_mask, self.pad_id)
-        with compute_precision(self.model, self.settings.compute_dtype):
+        with compute_precision(self.model, self.compute_dtype):
             return sequence_logprobs(self.model, batch.tokens, batch.attention_mask, batch.positions,
-                                     self.settings.temperature, with_entropy,
-                                     entropy_grad=self.settings.entropy_coef != 0,
-                                     pack_pad_id=self.pad_id if self.settings.pack else None,
+                                     self.temperature, with_entropy,
+                                     entropy_grad=entropy_grad,
+                                     pack_pad_id=self.pad_id if self.config.pack else None,
                                      response_mask=batch.response_mask)
 
     @torch.no_grad()
     def proximal_logprobs(self, inputs: list[dict], padding_mask: torch.Tensor) -> torch.Tensor:
         """Logprobs [B, T] of the response tokens under the weights of now (the proximal policy), micro-batched."""
         self.model.train()  # the same mode as the steps that follow (no dropout in these models either way)
-        mb = self.settings.micro_batch_size
+        mb = self.config.micro_batch_size
         mask = padding_mask.bool()
         parts = [self.logprobs(inputs[i:i + mb], mask[i:i + mb])[0] for i in range(0, len(inputs), mb)]
         lp = torch.cat(parts, 0)
@@ -159,7 +144,7 @@ class Trainer:
         loss_mask = loss_mask_of(targets)
         num_tokens = num_tokens or loss_mask.sum().clamp(min=1).item()
         num_seqs = num_seqs or (loss_mask.sum(-1) > 0).sum().clamp(min=1).item()
-        mb = self.settings.micro_batch_size
+        mb = self.config.micro_batch_size
         self.optimizer.zero_grad(set_to_none=True)
         totals = StepTotals()
         for start in range(0, len(inputs), mb):
@@ -177,7 +162,7 @@ class Trainer:
                                    "weights left unchanged — lower trainer.lr or check the rewards/advantages")
             loss.backward()
         params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.settings.max_norm if self.settings.max_norm > 0 else float("inf")
+        max_norm = self.config.max_norm if self.config.max_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         # sharded (DTensor) parameters give a DTensor norm; its full value is the global norm
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
@@ -202,8 +187,8 @@ class Trainer:
         loss = self.loss_fn(logprobs, ref_logprobs, advantages, mask, old_logprobs=old_logprobs,
                             num_tokens=num_tokens, num_seqs=num_seqs, **extra)
         ent_tokens = torch.where(mask, entropy, torch.zeros_like(entropy)).sum()
-        if self.settings.entropy_coef:
-            loss = loss - self.settings.entropy_coef * ent_tokens / num_tokens
+        if self.config.entropy_coef:
+            loss = loss - self.config.entropy_coef * ent_tokens / num_tokens
         totals.finite = totals.finite and bool(torch.isfinite(loss))
         totals.loss += loss.item()
         totals.entropy += ent_tokens.item()

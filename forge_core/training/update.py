@@ -66,7 +66,7 @@ def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stal
     """All optimizer steps of one RL step on a batch (inputs/targets in the Trainer contract, targets' old_logprobs
     = behaviour [B, T]). Returns the steps' loss metrics (unprefixed) plus rollout/* correction metrics.
     `step_fn` runs one optimizer step (default: trainer.train_step; a sharded trainer all-reduces normalisers)."""
-    s = trainer.settings
+    s = trainer.config
     correction = correction or RolloutCorrection()
     step_fn = step_fn or (lambda i, t: (trainer.train_step(i, t), dict(trainer.metrics))[1])
     extra: dict[str, float] = {}

@@ -51,6 +51,10 @@ class Tracker:
     def __init__(self, uri: str | None = None, experiment: str | None = None):
         from mlflow.tracking import MlflowClient
 
+        # log_table reads its table back before appending, which MLflow shows as a "Downloading artifacts" bar in
+        # the run's terminal at every eval; a user who wants MLflow's bars sets the variable to true
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
         from infra.paths import forgeflow_home
 
         self.uri = uri or default_tracking_uri()

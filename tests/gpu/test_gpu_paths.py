@@ -7,7 +7,7 @@ import torch
 from forge_core.generation import SamplingParams, TorchGenerator
 from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
-from forge_core.training import Trainer, TrainerSettings, sequence_logprobs
+from forge_core.training import Trainer, TrainerConfig, sequence_logprobs
 from forge_core.training.batching import collate
 
 pytestmark = pytest.mark.gpu
@@ -44,7 +44,7 @@ def test_trainer_step_on_cuda_matches_cpu():
     results = []
     for device in ("cpu", "cuda"):
         model, tok = load_model_and_tokenizer("tiny:qwen3-arith", seed=0)
-        trainer = Trainer(model.to(device), get_loss("grpo"), TrainerSettings(lr=1e-3), tok.pad_token_id)
+        trainer = Trainer(model.to(device), get_loss("grpo"), TrainerConfig(lr=1e-3), tok.pad_token_id)
         ids = tok("3+4=7", add_special_tokens=False)["input_ids"]
         inputs = [{"tokens": torch.tensor(ids)}, {"tokens": torch.tensor(ids[:-1])}]
         mask = torch.tensor([[True, True], [True, False]])
@@ -106,8 +106,8 @@ def test_fused_head_packing_and_fused_adamw_on_cuda():
     mask = torch.tensor([[True, True, True], [True, False, False], [True, True, False]])
     got = {}
     for pack in (False, True):
-        trainer = Trainer(model, get_loss("grpo"), TrainerSettings(compute_dtype=torch.bfloat16, pack=pack),
-                          tok.pad_token_id)
+        trainer = Trainer(model, get_loss("grpo"), TrainerConfig(pack=pack), tok.pad_token_id,
+                          compute_dtype=torch.bfloat16)
         with torch.no_grad():
             got[pack] = trainer.logprobs(inputs, mask)[0].float().cpu()
     assert trainer.optimizer.defaults.get("fused") is True

@@ -44,10 +44,11 @@ def wait_for_new_run(existing: set[str], steps: int, proc: subprocess.Popen | No
                      patience_s: float = 600) -> Path:
     """The run directory created after `existing` once its metrics.jsonl holds `steps` rows."""
     deadline = time.monotonic() + patience_s  # a liveness guard against a hung run, not a speed check
+    root = runs_root()
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"the run exited early with {proc.returncode}:\n{output_of(proc)[-5000:]}")
-        new = sorted(p for p in runs_root().iterdir() if p.name not in existing)
+        new = sorted(p for p in root.iterdir() if p.name not in existing)
         metrics = new[-1] / "metrics.jsonl" if new else None
         if metrics and metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
             return new[-1]
@@ -55,9 +56,10 @@ def wait_for_new_run(existing: set[str], steps: int, proc: subprocess.Popen | No
     raise AssertionError(f"no new run reached step {steps}")
 
 
-def hold_record_until(monkeypatch, step: int, released: threading.Event) -> None:
+def hold_record_until(monkeypatch, step: int, released: threading.Event, failures: list) -> None:
     """The run waits before recording `step` until `released` is set: a kill scheduled at a random moment after
-    the step before lands while the run still has work left, however fast the steps are on this machine."""
+    the step before lands while the run still has work left, however fast the steps are on this machine. If the
+    killer failed (`failures`), the run fails there with its error, so the test reports why."""
     from infra.records import RunRecords
 
     real_step = RunRecords.step
@@ -65,6 +67,8 @@ def hold_record_until(monkeypatch, step: int, released: threading.Event) -> None
     def held_step(self, at: int, metrics: dict) -> None:
         if at == step and not released.wait(timeout=300):  # a liveness guard, not a speed check
             raise AssertionError(f"the kill planned before step {step} was recorded never happened")
+        if at == step and failures:
+            raise AssertionError(f"the kill planned before step {step} failed: {failures[0]!r}") from failures[0]
         real_step(self, at, metrics)
 
     monkeypatch.setattr(RunRecords, "step", held_step)
@@ -80,7 +84,8 @@ def kill_worker_when(monkeypatch, role: str | tuple[str, ...], after_step: int, 
     delay = random.uniform(0.0, 0.1)  # lands inside the next step, or while it waits to be recorded
     print(f"killing {', '.join(roles)} {delay:.3f}s after step {after_step} is recorded")
     done = threading.Event()
-    hold_record_until(monkeypatch, after_step + 1, done)
+    failures: list[BaseException] = []
+    hold_record_until(monkeypatch, after_step + 1, done, failures)
 
     def watch():
         try:
@@ -94,8 +99,11 @@ def kill_worker_when(monkeypatch, role: str | tuple[str, ...], after_step: int, 
             for pid in pids:
                 os.kill(pid, sig)
             killed.extend(pids)
+        except BaseException as error:  # handed to the run, which fails with it at the held step
+            failures.append(error)
+            raise
         finally:
-            done.set()  # a failed kill lets the run go on; the test then finds `killed` empty
+            done.set()
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()

@@ -12,9 +12,9 @@ from cli.main import main as forgeflow
 from cli.reports import compare_runs, read_samples, show_run
 from flows.grpo import grpo_flow
 from infra.paths import run_dir
-from infra.prefect_env import read_task_runs, wait_for_task_runs
 from infra.records import SAMPLES_TABLE
 from infra.tracking import default_tracking_uri
+from runtime.prefect_env import read_task_runs, wait_for_task_runs
 from tests.integration.fault_helpers import TINY, steps_recorded
 
 pytestmark = pytest.mark.integration
@@ -58,7 +58,7 @@ def test_every_phase_task_of_every_iteration_is_recorded(capsys):
 
     # the Prefect flow run: named after the run, tagged, with progress, metrics, samples and links
     name, tags, artifacts = flow_run_view(summary["flow_run_id"])
-    assert name == f"grpo · grpo · {run_id}" and run_id in tags and "grpo" in tags
+    assert name == f"grpo · flow-records · grpo · {run_id}" and run_id in tags and "grpo" in tags  # its --run-name
     keys = {k.rsplit("-", 1)[-1]: k for k in artifacts if k}
     assert set(keys) >= {"progress", "metrics", "samples", "links"}, sorted(artifacts)
     assert artifacts[keys["progress"]] == 100.0

@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 from flows.grpo import grpo_flow
 from flows.sweep import sweep_flow
 from infra.checkpoints import file_sha256
+from infra.paths import run_dir
 from infra.registry import repo, session_scope
 from infra.tracking import default_tracking_uri
 
@@ -71,6 +72,13 @@ def test_sft_then_grpo_run_is_tracked_registered_and_linked(monkeypatch):
     listed = {r["run_id"]: r for r in cli_json("runs", "ls")}
     assert listed[chain[-1]["run"]]["steps"] == 5 and listed[summary["run_id"]]["steps"] == 4
     assert chain[0]["run"] == summary["run_id"]
+
+    # the same warm-up again (only RL's settings differ): it comes from the SFT cache, linked to the SFT run above
+    again = grpo_flow(overrides={**TINY, "steps": 2, "sft.steps": 5, "sft.schedule_steps": 5, "sft.batch_size": 16,
+                                 "loss.name": "dapo"}, run_name="records-cached")
+    assert not (run_dir(again["run_id"]) / "sft").exists()  # no SFT trained
+    assert cli_json("lineage", again["run_id"])[-1]["run"] == chain[-1]["run"]
+    assert f"{again['run_id']}-sft" not in {r["run_id"] for r in cli_json("runs", "ls")}
 
 
 def test_dapo_vs_gspo_sweep_is_nested_in_mlflow_linked_in_registry_and_compared(tmp_path):
@@ -165,3 +173,17 @@ def test_two_runs_starting_at_once_share_the_experiment_the_other_made(monkeypat
     assert second.experiment_id == first.experiment_id and len(lookups) == 2
     monkeypatch.undo()
     assert MlflowClient(default_tracking_uri()).get_experiment(first.experiment_id).tags[EXPERIMENT_KIND]
+
+
+def test_appending_to_the_samples_table_draws_no_download_bar(capfd, tmp_path):
+    import uuid
+
+    from infra.tracking import Tracker
+
+    tracker = Tracker(experiment=f"table-{uuid.uuid4().hex[:8]}")
+    run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
+    for step in (1, 2):  # the second append reads the table back first: MLflow would draw "Downloading artifacts"
+        tracker.log_table(run_id, [{"step": step, "prompt": "q", "completion": "a"}], "rollout_samples.json")
+    assert "Downloading artifacts" not in capfd.readouterr().err
+    table = json.loads(Path(tracker.client.download_artifacts(run_id, "rollout_samples.json", str(tmp_path))).read_text())
+    assert [row[table["columns"].index("step")] for row in table["data"]] == [1, 2]  # both appends kept

@@ -29,7 +29,7 @@ def scored_groups(cfg, model, tok):
 def train_two_steps(cfg, root, groups):
     """(metrics of steps 0 and 1, HF-layout weights published as version 2, checkpoint dir)."""
     with WorkerPool(cfg, root, roles=("trainer",)) as pool:
-        metrics = [pool.call("trainer", "train_step", groups, step) for step in (0, 1)]
+        metrics = [pool.call("trainer", "train", step, groups) for step in (0, 1)]
         pool.call("trainer", "save_checkpoint", str(root / "ckpt"))
         return metrics, FSWeightStore(pool.store_root).fetch(2)[1], root / "ckpt"
 
@@ -85,9 +85,10 @@ def test_titan_tensor_parallel_matches_hf_backend(tmp_path):
     assert_same_training(*(train_two_steps(cfg[b], tmp_path / b, groups) for b in ("hf", "titan")))
 
 
-@pytest.mark.parametrize("procs, update", [(2, {}), (4, {}), (2, {"trainer.mini_batches": 2,
-                                                                   "rollout_correction.mode": "tis"})],
-                         ids=["pp2", "pp2-fsdp2", "pp2-2mini-tis"])
+# two stages alone are covered by pp2-fsdp2 (two stages × two FSDP ranks, one optimizer step a batch) and by
+# pp2-2mini-tis (two stages, mini-batches and TIS)
+@pytest.mark.parametrize("procs, update", [(4, {}), (2, {"trainer.mini_batches": 2, "rollout_correction.mode": "tis"})],
+                         ids=["pp2-fsdp2", "pp2-2mini-tis"])
 def test_titan_pipeline_stages_match_hf_backend_and_checkpoint_reshards(tmp_path, procs, update):
     # step 1 trains the batch sampled by version 0 again (stale): both score the proximal policy (the stages with a
     # forward-only pass) and clip against it; with TIS they weigh by proximal / behaviour
@@ -135,14 +136,14 @@ def test_two_rank_sharded_checkpoint_resumes_exactly(tmp_path, backend):
     groups = scored_groups(cfg, model, tok)
     ckpt = tmp_path / "step-1"
     with WorkerPool(cfg, tmp_path / "a", roles=("trainer",)) as pool:
-        pool.call("trainer", "train_step", groups, 0)
+        pool.call("trainer", "train", 0, groups)
         pool.call("trainer", "save_checkpoint", str(ckpt))
-        straight = pool.call("trainer", "train_step", groups, 1)
+        straight = pool.call("trainer", "train", 1, groups)
         straight_weights = FSWeightStore(pool.store_root).fetch(2)[1]
     assert sorted(p.name for p in (ckpt / "dcp").iterdir())  # one shard file per rank (+ metadata)
     with WorkerPool(cfg, tmp_path / "b", roles=("trainer",)) as pool:
         assert pool.call("trainer", "load_checkpoint", str(ckpt)) == 1
-        resumed = pool.call("trainer", "train_step", groups, 1)
+        resumed = pool.call("trainer", "train", 1, groups)
         resumed_weights = FSWeightStore(pool.store_root).fetch(2)[1]
     # equal only if the optimizer moments and the schedule came back too
     assert resumed["loss/loss"] == straight["loss/loss"]

@@ -30,7 +30,7 @@ def test_two_rank_fsdp_step_equals_single_process(tmp_path, update):
         cfg = tiny_config("local", **{"trainer.procs": procs, "trainer.lr": 1e-4, "trainer.max_norm": 0.5,
                                       "trainer.micro_batch_size": 8, **update})
         with WorkerPool(cfg, tmp_path / f"procs{procs}", roles=("trainer",)) as pool:
-            metrics[procs] = pool.call("trainer", "train_step", groups, 0)
+            metrics[procs] = pool.call("trainer", "train", 0, groups)
             weights[procs] = FSWeightStore(pool.store_root).fetch(1)[1]
             assert pool.health()["trainer"][0]["policy_version"] == 1
     assert metrics[1]["loss/loss"] == pytest.approx(metrics[2]["loss/loss"], abs=1e-5)

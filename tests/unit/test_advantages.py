@@ -88,9 +88,10 @@ def test_grpo_loop_refills_dropped_groups():
     from forge_core.generation import SamplingParams, TorchGenerator
     from forge_core.losses import get_loss
     from forge_core.models import load_model_and_tokenizer
-    from forge_core.recipes.grpo import GRPOLoop, GRPOSettings
+    from forge_core.recipes.config import EvalConfig, GRPOConfig
+    from forge_core.recipes.grpo import GRPOLoop
     from forge_core.rewards import CombinedReward
-    from forge_core.training import Trainer, TrainerSettings
+    from forge_core.training import Trainer, TrainerConfig
 
     model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
     problems = make_arith_problems(40, seed=0)
@@ -99,10 +100,10 @@ def test_grpo_loop_refills_dropped_groups():
     flip = iter(range(10_000))
     # a reward that is informative for every other sampled episode pair: half the groups stay all-equal
     reward = CombinedReward([("coin", lambda p, r, t: float(next(flip) % 16 < 2), 1.0)])
-    loop = GRPOLoop(TorchGenerator(model, tok, params), Trainer(model, get_loss("grpo"), TrainerSettings(), 0),
+    loop = GRPOLoop(TorchGenerator(model, tok, params), Trainer(model, get_loss("grpo"), TrainerConfig(), 0),
                     reward, problems, prompts, problems[:2], prompts[:2],
-                    GRPOSettings(steps=1, prompts_per_step=8, group_size=8, filter_groups=True, fill_rounds=4,
-                                 eval_every=0, sampling=params), tok.pad_token_id)
+                    GRPOConfig(steps=1, prompts_per_step=8, group_size=8, filter_groups=True, fill_rounds=4),
+                    tok.pad_token_id, eval=EvalConfig(every=0))
     m = loop.run_step(0)
     assert m["rollout/fill_rounds"] > 1
     assert m["rollout/dropped_groups"] > 0
@@ -120,20 +121,21 @@ def test_a_step_whose_refills_keep_no_group_trains_nothing_and_goes_on():
     from forge_core.generation import SamplingParams, TorchGenerator
     from forge_core.losses import get_loss
     from forge_core.models import load_model_and_tokenizer
-    from forge_core.recipes.grpo import GRPOLoop, GRPOSettings
+    from forge_core.recipes.config import EvalConfig, GRPOConfig
+    from forge_core.recipes.grpo import GRPOLoop
     from forge_core.rewards import CombinedReward
-    from forge_core.training import Trainer, TrainerSettings
+    from forge_core.training import Trainer, TrainerConfig
 
     model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
     problems = make_arith_problems(40, seed=0)
     prompts = [p.question for p in problems]
     params = SamplingParams(max_new_tokens=2)
     never = CombinedReward([("never", lambda p, r, t: 0.0, 1.0)])
-    trainer = Trainer(model, get_loss("grpo"), TrainerSettings(), 0)
+    trainer = Trainer(model, get_loss("grpo"), TrainerConfig(), 0)
     before = [p.detach().clone() for p in model.parameters()]
     loop = GRPOLoop(TorchGenerator(model, tok, params), trainer, never, problems, prompts, problems[:2], prompts[:2],
-                    GRPOSettings(steps=2, prompts_per_step=4, group_size=4, filter_groups=True, fill_rounds=2,
-                                 eval_every=0, sampling=params), tok.pad_token_id)
+                    GRPOConfig(steps=2, prompts_per_step=4, group_size=4, filter_groups=True, fill_rounds=2),
+                    tok.pad_token_id, eval=EvalConfig(every=0))
     m = loop.run_step(0)
     assert m["rollout/num_episodes"] == 0.0 and m["loss/skipped"] == 1.0 and m["rollout/fill_rounds"] == 2.0
     assert trainer.step == 0 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -168,9 +168,9 @@ def test_policy_update_settings_reach_the_trainer():
 
     cfg = load_config("configs/grpo_math_tiny.yaml", {"trainer.mini_batches": 4, "trainer.epochs": 2,
                                                       "trainer.warmup_steps": 3, "rollout_correction.mode": "mis"})
-    s = C.trainer_settings(cfg)
-    assert (s.mini_batches, s.epochs) == (4, 2)
-    assert (s.warmup_steps, s.total_steps) == (24, cfg.steps * 8)  # the optimizer's schedule counts its own steps
+    config, options = C.trainer_arguments(cfg)
+    assert (config.mini_batches, config.epochs, config.optimizer_steps_per_step) == (4, 2, 8)
+    assert (config.warmup_steps, options["total_steps"]) == (3, cfg.steps)  # RL steps; lr_factor scales them by 8
     assert cfg.rollout_correction.mode == "mis" and cfg.rollout_correction.cap == 2.0
 
 

@@ -4,7 +4,7 @@ import torch
 from forge_core.generation import SamplingParams, TorchGenerator, filter_logits, sample_next
 from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer
-from forge_core.training import Trainer, TrainerSettings, episodes_to_train_inputs
+from forge_core.training import Trainer, TrainerConfig, episodes_to_train_inputs
 from forge_core.types import Episode
 
 PROMPTS = ["Q: 1+2=", "Q: 12+34=", "7-3=", "Q: 99-100=-"]
@@ -97,7 +97,7 @@ def test_generator_and_trainer_logprobs_agree(model_and_tok, temperature):
             prompt = PROMPTS[i // 3]
             episodes.append(Episode(prompt, "0", tok(prompt, add_special_tokens=False)["input_ids"], c))
         inputs, targets = episodes_to_train_inputs(episodes, tok.pad_token_id)
-        trainer = Trainer(model, get_loss("grpo"), TrainerSettings(temperature=temperature), tok.pad_token_id)
+        trainer = Trainer(model, get_loss("grpo"), TrainerConfig(), tok.pad_token_id, temperature=temperature)
         with torch.no_grad():
             lp, _ = trainer.logprobs(inputs, targets["padding_mask"])
     finally:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from infra import interrupts
+from runtime import interrupts
 
 
 def test_a_keyboard_interrupt_in_the_chain_is_an_interrupt(monkeypatch):

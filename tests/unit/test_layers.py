@@ -1,4 +1,4 @@
-"""The floors of DESIGN.md, read from the code: forge_core ← infra ← workers ← tasks ← flows ← cli. An import
+"""The floors of DESIGN.md, read from the code: forge_core ← infra ← workers ← runtime ← tasks ← flows ← cli. An import
 only points down (or sideways within a floor), and no modules import each other in a circle.
 
 Every import counts, also those inside functions; a module run as a program (`if __name__ == "__main__":`) is an
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FLOORS = ["forge_core", "infra", "workers", "tasks", "flows", "cli"]
+FLOORS = ["forge_core", "infra", "workers", "runtime", "tasks", "flows", "cli"]
 
 
 def module_name(path: Path) -> str:

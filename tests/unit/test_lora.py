@@ -18,7 +18,7 @@ from forge_core.models.lora import (
     merged_state_dict,
     plain_model,
 )
-from forge_core.training import Trainer, TrainerSettings
+from forge_core.training import Trainer, TrainerConfig
 from forge_core.training.update import update_policy
 from infra.config_checks import load_config
 from tests.unit.test_trainer import make_batch
@@ -78,11 +78,11 @@ def test_only_adapter_parameters_get_gradients():
 def test_a_lora_trainer_steps_the_adapters_only_and_scores_the_reference_as_its_base():
     base, wrapped, tok = lora_model()
     frozen = {n: p.detach().clone() for n, p in wrapped.named_parameters() if not p.requires_grad}
-    trainer = Trainer(wrapped, get_loss("grpo", beta=0.1), TrainerSettings(lr=1e-2), tok.pad_token_id)
+    trainer = Trainer(wrapped, get_loss("grpo", beta=0.1), TrainerConfig(lr=1e-2), tok.pad_token_id)
     trainer.reference_from_base = True
     inputs, targets = make_batch(tok)
     reference = trainer.reference_logprobs(inputs, targets["padding_mask"])
-    by_base = Trainer(base, get_loss("grpo"), TrainerSettings(), tok.pad_token_id).proximal_logprobs(
+    by_base = Trainer(base, get_loss("grpo"), TrainerConfig(), tok.pad_token_id).proximal_logprobs(
         inputs, targets["padding_mask"])
     assert torch.equal(reference, by_base)
     metrics = update_policy(trainer, inputs, targets, seed=0)  # ref_logprobs None: filled from the base model
@@ -123,7 +123,7 @@ def test_sft_with_lora_saves_a_plain_model_with_the_adapters_merged(tmp_path):
     from safetensors.torch import load_file
 
     from infra import components as C
-    from infra.sft import sft_phase
+    from runtime.sft import sft_phase
 
     cfg = load_config("configs/grpo_math_tiny.yaml", {"model.path": "tiny:qwen3-micro", "sft.steps": 3,
                                                       "sft.batch_size": 4, "sft.lr": 1e-2, "trainer.lora.rank": 4})

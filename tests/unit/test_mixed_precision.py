@@ -6,7 +6,7 @@ import torch
 
 from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer
-from forge_core.training import Trainer, TrainerSettings
+from forge_core.training import Trainer, TrainerConfig
 from infra import components as C
 from infra.config_checks import load_config
 from tests.mixed_precision_helpers import LOST, TRACKS, moved_fraction, relative_gap, train
@@ -28,11 +28,11 @@ def test_bf16_compute_with_fp32_masters_tracks_fp32_where_bf16_parameters_do_not
 
 def test_compute_dtype_follows_model_dtype_and_the_trainer_keeps_fp32():
     cfg = load_config("configs/grpo_math_tiny.yaml", {"model.dtype": "bfloat16"})
-    assert C.trainer_settings(cfg).compute_dtype == torch.bfloat16
-    assert C.sft_settings(cfg).compute_dtype == torch.bfloat16
-    assert C.trainer_settings(load_config("configs/grpo_math_tiny.yaml")).compute_dtype is None
+    assert C.trainer_arguments(cfg)[1]["compute_dtype"] == torch.bfloat16
+    assert C.trainer_arguments(cfg, sft=True)[1]["compute_dtype"] == torch.bfloat16
+    assert C.trainer_arguments(load_config("configs/grpo_math_tiny.yaml"))[1]["compute_dtype"] is None
     model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
-    trainer = Trainer(model, get_loss("reinforce"), TrainerSettings(compute_dtype=torch.bfloat16), tok.pad_token_id)
+    trainer = Trainer(model, get_loss("reinforce"), TrainerConfig(), tok.pad_token_id, compute_dtype=torch.bfloat16)
     inputs, targets = make_batch(tok)
     head_out = []
     model.lm_head.register_forward_hook(lambda _m, _i, out: head_out.append(out.dtype))
@@ -60,7 +60,7 @@ def test_a_bf16_trainer_worker_keeps_fp32_masters_and_publishes_bf16(tmp_path):
     store = FSWeightStore(tmp_path / "weights", keep=2)
     worker = TrainerWorker(cfg, store, threads=1)
     assert {p.dtype for p in worker.trainer.model.parameters()} == {torch.float32}
-    assert worker.trainer.settings.compute_dtype == torch.bfloat16
+    assert worker.trainer.compute_dtype == torch.bfloat16
     worker.publish_weights(1)
     version, state = store.fetch(1)
     assert version == 1 and {v.dtype for v in state.values() if v.is_floating_point()} == {torch.bfloat16}

@@ -5,7 +5,7 @@ import torch
 
 from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer
-from forge_core.training import Trainer, TrainerSettings, collate
+from forge_core.training import Trainer, TrainerConfig, collate
 from forge_core.training.packing import pack_sequences
 from infra.config_checks import load_config
 
@@ -42,7 +42,8 @@ def test_packed_logprobs_and_gradients_equal_padded_ones(dtype):
     inputs, mask = batch_of(tok, [(4, 9), (7, 2), (3, 5), (2, 1), (6, 7)])
     grads = {}
     for pack in (False, True):
-        trainer = Trainer(model, get_loss("grpo"), TrainerSettings(pack=pack, compute_dtype=dtype), tok.pad_token_id)
+        config = TrainerConfig(pack=pack, share_prompts=False)
+        trainer = Trainer(model, get_loss("grpo"), config, tok.pad_token_id, compute_dtype=dtype)
         model.zero_grad(set_to_none=True)
         lp, ent = trainer.logprobs(inputs, mask, with_entropy=True)
         (lp * mask).sum().backward()

@@ -10,7 +10,7 @@ import torch
 
 from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer
-from forge_core.training import Trainer, TrainerSettings
+from forge_core.training import Trainer, TrainerConfig
 from forge_core.training.batching import collate
 from forge_core.training.correction import RolloutCorrection, correct_rollout
 from forge_core.training.logprobs import sequence_logprobs
@@ -23,7 +23,8 @@ def fresh(loss="grpo", dtype=torch.float32, **settings) -> tuple[Trainer, object
     model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
     model = model.to(dtype)
     loss = get_loss(loss) if isinstance(loss, str) else loss
-    return Trainer(model, loss, TrainerSettings(**settings), tok.pad_token_id), tok
+    options = {k: settings.pop(k) for k in ("total_steps", "temperature", "compute_dtype") if k in settings}
+    return Trainer(model, loss, TrainerConfig(**settings), tok.pad_token_id, **options), tok
 
 
 def params(trainer: Trainer) -> list[torch.Tensor]:

@@ -11,9 +11,11 @@ import torch
 
 from forge_core.data.templates import ChatTemplate
 from forge_core.generation import SamplingParams, TorchGenerator
+from forge_core.losses import get_loss
 from forge_core.models import catalog, load_model_and_tokenizer, load_tokenizer
-from forge_core.training import episodes_to_train_inputs, sequence_logprobs
+from forge_core.training import Trainer, TrainerConfig, episodes_to_train_inputs, sequence_logprobs
 from forge_core.training.batching import collate
+from forge_core.training.shared_prompts import can_share_prompts
 from forge_core.types import Episode
 
 NAME = "smollm2-135m-instruct"
@@ -106,11 +108,15 @@ def test_trainer_logprobs_equal_generator_logprobs_in_fp32(model_and_tok):
                 for p, g in zip(prompts, groups, strict=True) for c in g]
     inputs, targets = episodes_to_train_inputs(episodes, tok.pad_token_id)
     batch = collate(inputs, targets["padding_mask"], tok.pad_token_id)
-    with torch.no_grad():
-        lp, _ = sequence_logprobs(model, batch.tokens, batch.attention_mask, batch.positions)
+    trainer = Trainer(model, get_loss("grpo"), TrainerConfig(), tok.pad_token_id)
+    assert can_share_prompts(model)  # the trainer's default: each prompt once, its samples against its cache
     mask = targets["padding_mask"].bool()
-    diff = (lp - targets["old_logprobs"]).abs()[mask]
-    assert diff.numel() > 8 and diff.max().item() < 1e-4
+    with torch.no_grad():
+        padded, _ = sequence_logprobs(model, batch.tokens, batch.attention_mask, batch.positions)
+        shared, _ = trainer.logprobs(inputs, mask)
+    for lp in (padded, shared):
+        diff = (lp - targets["old_logprobs"]).abs()[mask]
+        assert diff.numel() > 8 and diff.max().item() < 1e-4
 
 
 def test_chat_prompts_keep_the_users_question_readable(model_and_tok):

@@ -1,4 +1,4 @@
-"""One driver per run (infra/run_lock.py): a duplicate execution of the same flow run waits, others are refused."""
+"""One driver per run (runtime/run_lock.py): a duplicate execution of the same flow run waits, others are refused."""
 
 import os
 import signal
@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from infra.run_lock import lock_run, read_holder
+from runtime.run_lock import lock_run, read_holder
 
 HOLDER = """
 import sys, time
 from pathlib import Path
-from infra.run_lock import lock_run
+from runtime.run_lock import lock_run
 lock = lock_run(Path(sys.argv[1]), "r1", sys.argv[2] or None)
 print("held", flush=True)
 time.sleep(300)

@@ -124,7 +124,7 @@ def test_titan_layout_accepts_fsdp_times_tp():
 
 def test_sft_phase_with_titan_backend_equals_hf_backend(tmp_path):
     from infra import components as C
-    from infra.sft import sft_phase
+    from runtime.sft import sft_phase
 
     saved = {}
     for backend in ("hf", "titan"):

@@ -5,7 +5,7 @@ import torch
 
 from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer
-from forge_core.training import Trainer, TrainerSettings, lr_factor, state_sha256
+from forge_core.training import Trainer, TrainerConfig, lr_factor, state_sha256
 from forge_core.training.trainer import save_atomically
 
 
@@ -31,7 +31,8 @@ def make_batch(tok, seed=0, b=6):
 
 def fresh(loss="dapo", **settings):
     model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
-    return Trainer(model, get_loss(loss), TrainerSettings(**settings), tok.pad_token_id), tok
+    options = {k: settings.pop(k) for k in ("total_steps", "temperature", "compute_dtype") if k in settings}
+    return Trainer(model, get_loss(loss), TrainerConfig(**settings), tok.pad_token_id, **options), tok
 
 
 @pytest.mark.parametrize("loss", ["dapo", "grpo", "gspo"])
@@ -102,15 +103,20 @@ def test_metrics_are_reported():
 
 
 def test_lr_schedules():
-    s = TrainerSettings(lr=1.0, warmup_steps=4, schedule="cosine", total_steps=14, min_lr_ratio=0.1)
-    assert [lr_factor(i, s) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert lr_factor(4, s) == pytest.approx(1.0)
-    assert lr_factor(9, s) == pytest.approx(0.55)
-    assert lr_factor(14, s) == pytest.approx(0.1)
-    lin = TrainerSettings(lr=1.0, schedule="linear", total_steps=10)
-    assert lr_factor(5, lin) == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="needs trainer.total_steps"):
-        TrainerSettings(schedule="cosine").validate()
+    s = TrainerConfig(lr=1.0, warmup_steps=4, schedule="cosine", min_lr_ratio=0.1)
+    assert [lr_factor(i, s, 14) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(4, s, 14) == pytest.approx(1.0)
+    assert lr_factor(9, s, 14) == pytest.approx(0.55)
+    assert lr_factor(14, s, 14) == pytest.approx(0.1)
+    lin = TrainerConfig(lr=1.0, schedule="linear")
+    assert lr_factor(5, lin, 10) == pytest.approx(0.5)
+    # warmup and horizon count RL steps: with 2 mini-batches × 2 epochs an RL step is 4 optimizer steps
+    ppo = TrainerConfig(lr=1.0, warmup_steps=1, schedule="linear", mini_batches=2, epochs=2)
+    assert [lr_factor(i, ppo, 3) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(8, ppo, 3) == pytest.approx(0.5)
+    model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
+    with pytest.raises(ValueError, match="trainer.schedule 'cosine' needs a positive number of steps"):
+        Trainer(model, get_loss("grpo"), TrainerConfig(schedule="cosine"), tok.pad_token_id)
 
 
 def test_state_hash_sees_every_value_and_ignores_file_bytes(tmp_path):

@@ -5,7 +5,7 @@ import torch
 
 from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer
-from forge_core.training import Trainer, TrainerSettings
+from forge_core.training import Trainer, TrainerConfig
 from forge_core.training.speed import prepare_for_training
 from infra.config_checks import load_config
 
@@ -59,5 +59,5 @@ def test_knobs_are_checked_against_the_backend():
     with pytest.raises(ValueError, match="an HF model supports none or full"):
         prepare_for_training(model, "selective")
     # the in-process trainer takes the prepared model as it is
-    trainer = Trainer(prepare_for_training(model, "full"), get_loss("grpo"), TrainerSettings(), tok.pad_token_id)
+    trainer = Trainer(prepare_for_training(model, "full"), get_loss("grpo"), TrainerConfig(), tok.pad_token_id)
     assert trainer.model.model.layers[0].gradient_checkpointing

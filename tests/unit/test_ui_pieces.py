@@ -11,10 +11,10 @@ import pytest
 from cli.ui import server_state
 from forge_core.recipes.samples import sample_rows, samples_markdown
 from forge_core.types import Completion, Episode, Group
-from infra.plots import panels_with_data, plot_curves
-from infra.prefect_artifacts import artifact_key, metrics_table
-from infra.prefect_env import REPO_ROOT, ConsoleFilter
 from infra.ui_links import flow_run_link_tags, mlflow_run_url, mlflow_runs_url, prefect_flow_run_url
+from runtime.plots import panels_with_data, plot_curves
+from runtime.prefect_artifacts import artifact_key, metrics_table
+from runtime.prefect_env import REPO_ROOT, ConsoleFilter
 
 
 def group(prompt: str, rewards: list[float], target: str = "4\n4") -> Group:
@@ -120,3 +120,21 @@ def test_forgeflow_ui_reuses_a_server_starts_on_a_free_port_and_refuses_a_taken_
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
     assert server_state("Prefect", free, "/api/health") == "start"
+
+
+def test_sampled_evaluations_add_pass_at_k_to_the_table_the_summary_and_the_result_line():
+    from runtime.progress import held_out_summary, result_line
+
+    rows = [{"step": 0, "eval/accuracy": 0.25, "eval/sampled_accuracy": 0.3, "eval/pass_at_8": 0.5},
+            {"step": 1, "reward/mean": 0.5}]
+    table = metrics_table(rows)
+    assert list(table[0])[:5] == ["step", "reward", "accuracy", "pass@8", "sampled accuracy"]
+    assert (table[0]["pass@8"], table[1]["pass@8"]) == (0.5, "")
+    before = {"eval/accuracy": 0.25, "eval/sampled_accuracy": 0.3, "eval/pass_at_8": 0.5}
+    after = {"eval/accuracy": 0.75, "eval/sampled_accuracy": 0.7, "eval/pass_at_8": 0.875}
+    summary = {"run_id": "r1", "minutes": 1.5, **held_out_summary(before, after)}
+    assert (summary["pass8_before"], summary["pass8_after"], summary["sampled_after"]) == (0.5, 0.875, 0.7)
+    assert result_line(summary) == ("RESULT acc_before=0.250 acc_after=0.750 pass8_before=0.500 pass8_after=0.875 "
+                                    "minutes=1.50 run_id=r1")
+    greedy_only = {"run_id": "r2", "minutes": 2.0, **held_out_summary({"eval/accuracy": 0.1}, {"eval/accuracy": 0.2})}
+    assert result_line(greedy_only) == "RESULT acc_before=0.100 acc_after=0.200 minutes=2.00 run_id=r2"

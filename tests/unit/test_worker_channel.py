@@ -51,8 +51,8 @@ def test_calls_errors_and_wrong_key(tmp_path, caplog):
     assert client.call("generate", 21) == 42
     with pytest.raises(WorkerCallError, match="ValueError: bad reward input"):
         client.call("score", None)
-    with pytest.raises(WorkerCallError, match="no call 'train_step'"):
-        client.call("train_step")
+    with pytest.raises(WorkerCallError, match="no call 'train'"):
+        client.call("train")
     with caplog.at_level(logging.WARNING):
         with pytest.raises(Exception):  # noqa: B017 - the stdlib raises AuthenticationError or a reset
             Client(rv.address, authkey=b"wrong key")

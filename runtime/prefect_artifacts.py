@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from runtime.progress import PASS_KEY
+
 log = logging.getLogger(__name__)
 
 # (column, metric key) of the metrics table; a key a run does not log is left blank
@@ -24,13 +26,21 @@ def artifact_key(run_id: str, kind: str) -> str:
 
 
 def metrics_table(rows: list[dict]) -> list[dict]:
-    """Step rows (metric dicts with 'step') as table rows with the TABLE_COLUMNS, numbers rounded for reading."""
+    """Step rows (metric dicts with 'step') as table rows with the TABLE_COLUMNS, numbers rounded for reading; runs
+    whose evaluations sample (eval.samples = k) get pass@k and sampled-accuracy columns after the accuracy."""
     def cell(v):
         if isinstance(v, float):
             return round(v, 4)
         return "" if v is None else v
 
-    return [{name: cell(r.get(key)) for name, key in TABLE_COLUMNS} for r in rows]
+    sampled = sorted({key for r in rows for key in r if PASS_KEY.fullmatch(key)})
+    if sampled:
+        sampled.append("eval/sampled_accuracy")
+    columns = list(TABLE_COLUMNS)
+    at = next(i for i, (_, key) in enumerate(columns) if key == "eval/accuracy") + 1
+    columns[at:at] = [(key.removeprefix("eval/").replace("pass_at_", "pass@").replace("_", " "), key)
+                      for key in sampled]
+    return [{name: cell(r.get(key)) for name, key in columns} for r in rows]
 
 
 class RunArtifacts:

@@ -15,25 +15,25 @@ from tqdm import tqdm
 from forge_core.generation import TorchGenerator
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
 from forge_core.models.lora import plain_model
-from forge_core.recipes.grpo import GRPOLoop, GRPOSettings
+from forge_core.recipes.grpo import GRPOLoop
 from forge_core.recipes.steps import evaluate
 from forge_core.training import Trainer
 from infra import components as C
+from infra import sft_cache
 from infra.config import RunConfig, dump_config
 from infra.paths import new_run_id, run_dir
-from infra.plots import plot_curves
-from infra.progress import line_for_step
-from infra.sft import sft_phase
+from runtime.plots import plot_curves
+from runtime.progress import held_out_summary, line_for_step
+from runtime.sft import sft_phase
 
 log = logging.getLogger(__name__)
 
 
 def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
     """Run cfg.steps GRPO steps in-process; returns the metric history (each row has 'step')."""
-    params = C.sampling_params(cfg)
-    generator = TorchGenerator(model, tok, params)
-    trainer = Trainer(C.prepare_trained_model(cfg, model), C.build_loss(cfg), C.trainer_settings(cfg),
-                      tok.pad_token_id)
+    generator = TorchGenerator(model, tok, cfg.generator)  # the generator section is its SamplingParams
+    config, options = C.trainer_arguments(cfg)
+    trainer = Trainer(C.prepare_trained_model(cfg, model), C.build_loss(cfg), config, tok.pad_token_id, **options)
     trainer.reference_from_base = C.reference_from_base(cfg)  # LoRA: the base model is the reference
     ref_model = None
     if C.needs_reference(cfg):
@@ -41,12 +41,9 @@ def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
         ref_model.load_state_dict(model.state_dict())
         ref_model.eval().requires_grad_(False)
     reward = C.build_reward(cfg)
-    settings = GRPOSettings(steps=cfg.steps, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-                            seed=cfg.seed, advantage=cfg.advantage.to_dict(), filter_groups=cfg.filter_groups,
-                            fill_rounds=cfg.fill_rounds, eval_every=cfg.eval.every, eval_samples=cfg.eval.samples,
-                            sampling=params, max_policy_age=cfg.max_policy_age, correction=cfg.rollout_correction)
     loop = GRPOLoop(generator, trainer, reward, splits.train, splits.train_prompts, splits.eval, splits.eval_prompts,
-                    settings, tok.pad_token_id, ref_model)
+                    cfg, tok.pad_token_id, ref_model, advantage=cfg.advantage.to_dict(), eval=cfg.eval,
+                    correction=cfg.rollout_correction)
     bar = tqdm(total=cfg.steps, desc="grpo", disable=not show, dynamic_ncols=True)
     history: list[dict] = []
 
@@ -70,14 +67,20 @@ def run_main_job(cfg: RunConfig, run_name: str | None = None, show: bool = True)
     out = run_dir(run_id)
     dump_config(cfg, out / "config.yaml")
     log.info("run %s (%s) in %s with %d threads", run_id, run_name or "unnamed", out, threads)
-    model_path = cfg.sft.init or cfg.model.path
+    trains_sft = cfg.sft.steps > 0 and not cfg.sft.init
+    inputs, hit = sft_cache.find_cached_sft(cfg) if trains_sft and cfg.sft.cache else (None, None)
+    if hit is not None:
+        log.info(sft_cache.hit_message(hit))
+    model_path = str(hit.path) if hit is not None else cfg.sft.init or cfg.model.path
     # one model trains and generates here: fp32 master weights, bf16 compute in the trainer when model.dtype says so
     model, tok = load_model_and_tokenizer(model_path, seed=cfg.seed, dtype=C.MASTER_DTYPE)
     splits = C.build_splits(cfg, tok)
-    if cfg.sft.steps > 0 and not cfg.sft.init:
+    if trains_sft and hit is None:
         sft_path = sft_phase(cfg, model, tok, splits, out, show)
         log.info("SFT checkpoint: %s", sft_path)
-    generator = TorchGenerator(model, tok, C.sampling_params(cfg))
+        if inputs is not None:
+            sft_cache.store(sft_path, inputs, run_id)
+    generator = TorchGenerator(model, tok, cfg.generator)
     judge = lambda: evaluate(generator, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens,  # noqa: E731
                              samples=cfg.eval.samples, temperature=cfg.generator.temperature, seed=cfg.seed)
     before = judge()
@@ -85,9 +88,8 @@ def run_main_job(cfg: RunConfig, run_name: str | None = None, show: bool = True)
     after = judge()
     final = save_model_and_tokenizer(plain_model(model), tok, out / "final")  # LoRA: adapters merged
     summary = {
-        "run_id": run_id, "run_name": run_name, "acc_before": before["eval/accuracy"],
-        "acc_after": after["eval/accuracy"], "minutes": (time.perf_counter() - start) / 60, "checkpoint": str(final),
-        "sampled_before": before.get("eval/sampled_accuracy"), "sampled_after": after.get("eval/sampled_accuracy"),
+        "run_id": run_id, "run_name": run_name, **held_out_summary(before, after),
+        "minutes": (time.perf_counter() - start) / 60, "checkpoint": str(final),
     }
     with (out / "metrics.jsonl").open("w") as f:
         for row in history:
@@ -98,9 +100,3 @@ def run_main_job(cfg: RunConfig, run_name: str | None = None, show: bool = True)
         summary["plot"] = str(plot_curves({run_name or run_id: rows}, out / "curves.png",
                                           title=f"GRPO {cfg.loss.name} on {cfg.dataset.kind}"))
     return summary
-
-
-def result_line(summary: dict) -> str:
-    """The machine-readable last line of `make run`."""
-    return (f"RESULT acc_before={summary['acc_before']:.3f} acc_after={summary['acc_after']:.3f} "
-            f"minutes={summary['minutes']:.2f} run_id={summary['run_id']}")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from infra.paths import forgeflow_home
-from infra.prefect_env import MAX_FLOW_RUN_ATTEMPTS
+from runtime.prefect_env import MAX_FLOW_RUN_ATTEMPTS
 
 
 def current_flow_run_id() -> str | None:

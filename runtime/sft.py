@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from forge_core.data.teacher import teach
 from forge_core.losses import get_loss
 from forge_core.models import save_model_and_tokenizer
 from forge_core.models.lora import plain_model
@@ -28,7 +29,8 @@ def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool, report:
         trained = titan_from_hf(model)
     else:
         C.prepare_trained_model(cfg, model)
-    run_sft_steps(cfg, Trainer(trained, get_loss("sft"), C.sft_settings(cfg), tok.pad_token_id), tok, splits, show,
+    config, options = C.trainer_arguments(cfg, sft=True)
+    run_sft_steps(cfg, Trainer(trained, get_loss("sft"), config, tok.pad_token_id, **options), tok, splits, show,
                   report)
     if trained is not model:
         model.load_state_dict(trained.to_hf_state_dict())  # the HF model goes on to generate and to disk
@@ -40,7 +42,8 @@ def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool, report: Step
     training split's answers, with a progress bar; `report(step, metrics)` after each (step 0-based)."""
     # RL with verifiable rewards as used in practice: SFT on a small labelled subset, RL on every prompt
     n = cfg.sft.examples or len(splits.train)
-    examples = make_sft_examples(splits.train[:n], splits.train_prompts[:n], tok, cfg.sft.response)
+    demonstrations = teach(splits.train[:n], cfg.sft.drop_carry, cfg.dataset.seed)  # drop_carry 0: the true answers
+    examples = make_sft_examples(demonstrations, splits.train_prompts[:n], tok, cfg.sft.response)
     bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not show, dynamic_ncols=True)
 
     def on_step(step, metrics):

@@ -5,7 +5,7 @@ command leaves it running (a port, ~250 MB). `start_orphan_guard` marks the comm
 inherits, and starts a small guard process; when the command is gone, the guard stops the Prefect servers carrying
 the mark. Linux only (/proc); elsewhere the guard is not started.
 
-Run by hand: `python -m infra.orphan_guard OWNER_PID`.
+Run by hand: `python -m runtime.orphan_guard OWNER_PID`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def start_orphan_guard() -> subprocess.Popen | None:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     global _guard
     with log_path.open("a") as log_file:  # not the command's stdout/stderr: a reader would wait for the guard too
-        _guard = subprocess.Popen([sys.executable, "-m", "infra.orphan_guard", str(os.getpid())],
+        _guard = subprocess.Popen([sys.executable, "-m", "runtime.orphan_guard", str(os.getpid())],
                                   stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
     return _guard
 
