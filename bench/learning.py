@@ -1,13 +1,16 @@
 """GRPO-family losses on- and off-policy from one shared, fully trained SFT checkpoint, with two seeds.
 
-Tables (each loss × seed is one in-process GRPO run from the same SFT weights):
+Tables (each loss × seed is one in-process GRPO run from the same SFT weights; --tables picks, default mini4):
   on-policy  one optimizer step per rollout batch (the baseline: ratio 1, no clip can engage)
-  mini4      trainer.mini_batches 4 (PPO: four optimizer steps per batch, clipped against the proximal policy)
+  mini4      trainer.mini_batches 4 (PPO: four optimizer steps per batch, clipped against the proximal policy), the
+             tiny recipe's own setting
   age2       mini4 plus max_policy_age 2 (two rollouts in flight) with token-level TIS
 
-Prints, per table, held-out greedy accuracy before/after (± the eval's standard error), clip fraction, IS-weight
-stats and minutes; the on-policy baseline's accuracy at the same wall time; a PNG with the curves; and ends with
-`RESULT …`.
+The SFT model is the recipe's cached one (sft.cache; trained and stored when the cache lacks it), so the sweep starts
+from exactly the model `forgeflow grpo` would. Prints, per table, held-out greedy accuracy before/after (± the eval's
+standard error), at the first two evals, clip fraction, IS-weight stats and minutes; the on-policy baseline's
+accuracy at the same wall time; per loss, the means over seeds and which differences between losses exceed twice
+their standard error; a PNG with the curves; and ends with `RESULT …`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from forge_core.generation import TorchGenerator  # noqa: E402
 from forge_core.models import load_model_and_tokenizer  # noqa: E402
 from forge_core.recipes.steps import evaluate  # noqa: E402
 from infra import components as C  # noqa: E402
+from infra import sft_cache  # noqa: E402
 from infra.config import parse_overrides  # noqa: E402
 from infra.config_checks import load_config  # noqa: E402
 from infra.paths import new_run_id, run_dir  # noqa: E402
@@ -97,8 +101,11 @@ def run_one(args, base, splits, sft_path: str, table: str, loss: str, seed: int)
         row["minutes"] = seconds / 60
     curve = [{"step": 0, "minutes": 0.0, **before}] + history + [{"step": cfg.steps, "minutes": minutes, **after}]
     n = len(splits.eval)
+    evals = evals_of(curve) + [after["eval/accuracy"]] * 2  # a run without evals during RL: its end
     row = {"table": table, "loss": loss, "seed": seed, "acc_before": before["eval/accuracy"],
-           "acc_after": after["eval/accuracy"], "stderr": std_error(after["eval/accuracy"], n), "minutes": minutes,
+           "acc_after": after["eval/accuracy"],
+           "acc_first": evals[0], "acc_second": evals[1],
+           "stderr": std_error(after["eval/accuracy"], n), "minutes": minutes,
            "clip_frac": mean_of(history, "loss/clip_frac_low", "loss/clip_frac_high"),
            "clip_frac_max": mean_of(history, "loss/clip_frac_low_max", "loss/clip_frac_high_max"),
            "is_weight_mean": mean_of(history, "rollout/is_weight_mean"),
@@ -108,6 +115,61 @@ def run_one(args, base, splits, sft_path: str, table: str, loss: str, seed: int)
     print(f"[{table} {loss} seed {seed}] {row['acc_before']:.3f} -> {row['acc_after']:.3f} "
           f"(±{row['stderr']:.3f}) in {minutes:.1f} min, clip {row['clip_frac'] or 0:.4f}", flush=True)
     return row, curve
+
+
+def shared_sft(base, model, tok, splits, out) -> str:
+    """The recipe's SFT model: from the SFT cache, or trained to the end of its schedule (the honest baseline) and
+    stored there."""
+    inputs, hit = sft_cache.find_cached_sft(base) if base.sft.cache else (None, None)
+    if hit is not None:
+        print(sft_cache.hit_message(hit), flush=True)
+        return str(hit.path)
+    t0 = time.perf_counter()
+    path = sft_phase(base, model, tok, splits, out, show=True)
+    if inputs is not None:
+        sft_cache.store(path, inputs, out.name)
+    print(f"shared SFT checkpoint {path} ({base.sft.steps} steps of a {base.sft.schedule_steps or base.sft.steps}"
+          f"-step schedule) in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    return str(path)
+
+
+def evals_of(curve: list[dict]) -> list[float]:
+    """Held-out accuracies of a run's evals during RL, in step order (without the one before RL)."""
+    return [r["eval/accuracy"] for r in curve[1:-1] if "eval/accuracy" in r]
+
+
+def print_loss_summary(rows: list[dict]) -> None:
+    """Per loss (recipe tables only), the means over seeds; then which pairs differ by more than twice the standard
+    error of their difference (binomial, on n_eval × seeds prompts), at the first eval and at the end."""
+    by_loss: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["table"] != "on-policy":
+            by_loss.setdefault(r["loss"], []).append(r)
+    if not by_loss:
+        return
+    print(f"\n## per loss, mean over seeds\n{'loss':<6} {'before':>7} {'first':>7} {'second':>7} {'after':>7} "
+          f"{'gain':>7} {'clip':>7} {'w max':>7} {'min':>5}")
+    means = {}
+    for loss, rs in by_loss.items():
+        m = {k: statistics.fmean(r[k] for r in rs) for k in ("acc_before", "acc_first", "acc_second", "acc_after",
+                                                              "minutes")}
+        m["n"] = sum(r["n_eval"] for r in rs)
+        means[loss] = m
+        clip = mean_of(rs, "clip_frac")
+        wmax = mean_of(rs, "is_weight_max")
+        print(f"{loss:<6} {m['acc_before']:>7.3f} {m['acc_first']:>7.3f} {m['acc_second']:>7.3f} "
+              f"{m['acc_after']:>7.3f} {m['acc_after'] - m['acc_before']:>+7.3f} {fmt(clip, '>7.4f')} "
+              f"{fmt(wmax, '>7.3f')} {m['minutes']:>5.1f}")
+    print("\ndifferences beyond 2 standard errors (first eval / end):")
+    names = list(means)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            verdicts = []
+            for key in ("acc_first", "acc_after"):
+                pa, pb = means[a][key], means[b][key]
+                se = math.hypot(std_error(pa, means[a]["n"]), std_error(pb, means[b]["n"]))
+                verdicts.append(f"{pa - pb:+.3f} ({'beyond' if abs(pa - pb) > 2 * se else 'within'} 2se={2 * se:.3f})")
+            print(f"  {a} - {b}: " + " / ".join(verdicts))
 
 
 def fmt(value, spec: str) -> str:
@@ -135,7 +197,7 @@ def main() -> None:
     parser.add_argument("--sft-init", default=None, help="reuse an SFT checkpoint instead of training one")
     parser.add_argument("--losses", default=",".join(LOSSES))
     parser.add_argument("--baseline-losses", default="grpo", help="losses of the on-policy table")
-    parser.add_argument("--tables", default="on-policy,mini4,age2")
+    parser.add_argument("--tables", default="mini4", help="comma-separated, of " + ",".join(TABLES))
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: the config's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -149,12 +211,7 @@ def main() -> None:
     C.configure_threads(base)
     model, tok = load_model_and_tokenizer(args.sft_init or base.model.path, seed=base.seed)
     splits = C.build_splits(base, tok)
-    sft_path = args.sft_init
-    if sft_path is None:  # trained to the end of its schedule: the honest baseline
-        t0 = time.perf_counter()
-        sft_path = str(sft_phase(base, model, tok, splits, out, show=True))
-        print(f"shared SFT checkpoint {sft_path} ({base.sft.steps} steps of a {base.sft.schedule_steps or base.sft.steps}"
-              f"-step schedule) in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    sft_path = args.sft_init or shared_sft(base, model, tok, splits, out)
     rows, curves, baseline = [], {}, {}
     seeds = [int(s) for s in args.seeds.split(",")]
     for table in args.tables.split(","):
@@ -167,6 +224,7 @@ def main() -> None:
                 if table == "on-policy" and loss == args.baseline_losses.split(",")[0]:
                     baseline[seed] = curve
     print_tables(rows, baseline)
+    print_loss_summary(rows)
     png = plot_curves(curves, out / "learning.png", keys=("reward/mean", "eval/accuracy", "loss/clip_frac_high"),
                       title=f"GRPO-family losses on/off-policy from one SFT checkpoint ({base.steps} steps)")
     accuracy = {label: [(r["step"], round(r["minutes"], 2), r["eval/accuracy"]) for r in curve if "eval/accuracy" in r]

@@ -16,7 +16,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from forge_core.generation import TorchGenerator  # noqa: E402
 from forge_core.losses import get_loss  # noqa: E402
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer  # noqa: E402
-from forge_core.recipes.sft import make_sft_examples, run_sft  # noqa: E402
 from forge_core.recipes.steps import evaluate  # noqa: E402
 from forge_core.training import Trainer  # noqa: E402
 from infra import components as C  # noqa: E402
@@ -25,6 +24,7 @@ from infra.config_checks import load_config  # noqa: E402
 from infra.paths import new_run_id, run_dir  # noqa: E402
 from runtime.plots import plot_curves  # noqa: E402
 from runtime.progress import quiet_libraries  # noqa: E402
+from runtime.sft import run_sft_steps  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +40,6 @@ def main() -> None:
     model, tok = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed)
     splits = C.build_splits(cfg, tok)
     n = cfg.sft.examples or len(splits.train)
-    examples = make_sft_examples(splits.train[:n], splits.train_prompts[:n], tok, cfg.sft.response)
     config, options = C.trainer_arguments(cfg, sft=True)
     trainer = Trainer(model, get_loss("sft"), config, tok.pad_token_id, **options)
     generator = TorchGenerator(model, tok, cfg.generator)
@@ -48,15 +47,18 @@ def main() -> None:
 
     def on_step(step, metrics):
         if (step + 1) % args.every == 0 or step + 1 == cfg.sft.steps:
-            acc = evaluate(generator, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens)["eval/accuracy"]
+            held_out = evaluate(generator, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens,
+                                samples=cfg.eval.samples, temperature=cfg.generator.temperature, seed=cfg.seed)
             model.train()
-            curve.append({"step": step + 1, "eval/accuracy": acc, "loss/loss": metrics["loss"], "lr": metrics["lr"]})
-            print(f"sft step {step + 1:>5}  loss {metrics['loss']:.4f}  lr {metrics['lr']:.2e}  held-out {acc:.3f}  "
-                  f"({(time.perf_counter() - t0) / 60:.1f} min)", flush=True)
+            held_out.pop("timing/eval")
+            curve.append({"step": step + 1, **held_out, "loss/loss": metrics["loss"], "lr": metrics["lr"]})
+            sampled = "".join(f"  {k.removeprefix('eval/')} {v:.3f}" for k, v in held_out.items() if k != "eval/accuracy")
+            print(f"sft step {step + 1:>5}  loss {metrics['loss']:.4f}  lr {metrics['lr']:.2e}  held-out "
+                  f"{held_out['eval/accuracy']:.3f}{sampled}  ({(time.perf_counter() - t0) / 60:.1f} min)", flush=True)
 
-    run_sft(trainer, examples, cfg.sft.steps, cfg.sft.batch_size, cfg.seed, tok.pad_token_id, on_step)
+    run_sft_steps(cfg, trainer, tok, splits, show=False, report=on_step)  # the run's own SFT: teacher included
     path = save_model_and_tokenizer(model, tok, out / "sft")
-    png = plot_curves({f"sft {n} examples": curve}, out / "sft_curve.png", keys=("eval/accuracy", "loss/loss"),
+    png = plot_curves({f"sft {n} examples": curve}, out / "sft_curve.png", keys=("eval/accuracy", "eval/sampled_accuracy", "loss/loss"),
                       title=f"SFT on {n} labelled problems, seed {cfg.seed}")
     (out / "sft_curve.json").write_text(json.dumps(curve, indent=2))
     best = max(curve, key=lambda r: r["eval/accuracy"])

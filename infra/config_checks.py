@@ -60,6 +60,7 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
         raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
     check_trainer_environment(cfg, where)
     check_sft_batch(cfg, where)
+    check_teacher(cfg, where)
     if cfg.generator.backend == "vllm" and cfg.weightsync.backend != "fs":
         raise ValueError(f"{where}: generator.backend vllm reads weights from files, so weightsync.backend "
                          f"{cfg.weightsync.backend!r} cannot feed it: set weightsync.backend: fs (weightsync.root on "
@@ -139,6 +140,18 @@ def check_sft_batch(cfg: RunConfig, where: str) -> None:
     if cfg.sft.steps > 0 and cfg.sft.batch_size < dp:
         raise ValueError(f"{where}: sft.batch_size ({cfg.sft.batch_size}) is smaller than the trainer's "
                          f"{dp} data-parallel slices (trainer.procs); set sft.batch_size >= {dp}")
+
+
+def check_teacher(cfg: RunConfig, where: str) -> None:
+    """The imperfect teacher (sft.drop_carry) re-solves generated sums; column working is what SFT must train on."""
+    if cfg.sft.drop_carry > 0 and (cfg.dataset.kind != "arith" or "+" not in cfg.dataset.ops):
+        raise ValueError(f"{where}: sft.drop_carry = {cfg.sft.drop_carry} drops carries in generated sums, and "
+                         f"dataset.kind {cfg.dataset.kind!r} with ops {cfg.dataset.ops!r} has none: use dataset.kind "
+                         "arith with '+' in dataset.ops, or sft.drop_carry: 0")
+    columns = cfg.dataset.kind == "arith" and cfg.dataset.solution == "columns"
+    if columns and cfg.sft.steps > 0 and cfg.sft.response != "solution":
+        raise ValueError(f"{where}: dataset.solution columns is working for the model to write, and sft.response is "
+                         f"{cfg.sft.response!r} (the final answer alone): set sft.response: solution")
 
 
 def check_correction_fits_loss(cfg: RunConfig) -> None:

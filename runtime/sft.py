@@ -42,7 +42,8 @@ def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool, report: Step
     training split's answers, with a progress bar; `report(step, metrics)` after each (step 0-based)."""
     # RL with verifiable rewards as used in practice: SFT on a small labelled subset, RL on every prompt
     n = cfg.sft.examples or len(splits.train)
-    demonstrations = teach(splits.train[:n], cfg.sft.drop_carry, cfg.dataset.seed)  # drop_carry 0: the true answers
+    # drop_carry 0: the true answers
+    demonstrations = teach(splits.train[:n], cfg.sft.drop_carry, cfg.dataset.seed, cfg.dataset.solution)
     examples = make_sft_examples(demonstrations, splits.train_prompts[:n], tok, cfg.sft.response)
     bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not show, dynamic_ncols=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from forge_core.data.problems import Problem
 NAMES = ("Ann", "Bob", "Cat", "Dan", "Eve", "Fay", "Gus", "Ida")
 ITEMS = ("apples", "books", "coins", "pens", "cards", "eggs")
 SPLITS = ("train", "test")
+SOLUTIONS = ("plain", "columns")
 
 
 @dataclass
@@ -25,6 +27,8 @@ class ArithSpec:
     num_terms: int = 2
     ops: str = "+-"  # the operators to draw from, a subset of "+-*"
     style: str = "equation"  # equation | word
+    # plain: '47+38=85'; columns (sums only): the column-by-column working, ones first, '7+8=15;4+3+1=8'
+    solution: str = "plain"
     test_fraction: float = 0.1  # the share of all expressions that belongs to the held-out split
 
     def check(self, where: str = "dataset") -> None:
@@ -37,6 +41,11 @@ class ArithSpec:
             raise ValueError(f"{where}.ops must be a non-empty subset of ['+', '-', '*']; got {list(self.ops)}")
         if self.style not in ("equation", "word"):
             raise ValueError(f"{where}.style = {self.style!r} is not one of ['equation', 'word']")
+        if self.solution not in SOLUTIONS:
+            raise ValueError(f"{where}.solution = {self.solution!r} is not one of {list(SOLUTIONS)}")
+        if self.solution == "columns" and (self.ops != "+" or self.min_value < 0):
+            raise ValueError(f"{where}.solution: columns writes out sums of non-negative terms; set {where}.ops: '+' "
+                             f"and {where}.min_value >= 0 (got ops {self.ops!r}, min_value {self.min_value})")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"{where}.test_fraction must be in (0, 1); got {self.test_fraction}")
 
@@ -83,10 +92,50 @@ def make_arith_problems(n: int, seed: int = 0, split: str = "train", spec: Arith
         if expression in seen or split_of(expression, spec.test_fraction) != split:
             continue
         seen.add(expression)
-        value = eval_expression(terms, ops)
         question = phrase(terms, ops, spec.style, rng)
-        problems.append(Problem(question, f"{expression}={value}\n#### {value}", str(value)))
+        solution, value = write_solution(terms, ops, spec.solution)
+        is_sum = set(ops) == {"+"}  # a teacher can re-solve a sum from its terms (forge_core/data/teacher.py)
+        problems.append(Problem(question, solution, str(value), tuple(terms) if is_sum else ()))
     return problems
+
+
+def write_solution(terms: list[int], ops: list[str], solution: str = "plain",
+                   drop_tens_carry: bool = False) -> tuple[str, int]:
+    """A reference solution ('<working>\n#### <value>') and its value; `drop_tens_carry` (sums only) solves it the
+    way a teacher who forgets the carry out of the ones digit would."""
+    if solution == "columns":
+        working, value = add_in_columns(terms, drop_tens_carry)
+    else:
+        value = sum_without_tens_carry(terms) if drop_tens_carry else eval_expression(terms, ops)
+        working = "".join(f"{t}{o}" for t, o in zip(terms, ops + [""])) + f"={value}"
+    return f"{working}\n#### {value}", value
+
+
+def add_in_columns(terms: list[int], drop_tens_carry: bool = False) -> tuple[str, int]:
+    """Column addition of non-negative `terms`, ones first and at least ones and tens ('7+8=15;4+3+1=8' for 47+38,
+    '7+8=15;0+0+1=1' for 7+8), and the sum it reaches; `drop_tens_carry` leaves the ones' carry out of the tens."""
+    columns = max(2, len(str(max(terms))))
+    parts, value, carry = [], 0, 0
+    for k in range(columns):
+        digits = [t // 10**k % 10 for t in terms]
+        if k == 1 and drop_tens_carry:
+            carry = 0
+        total = sum(digits) + carry
+        parts.append("+".join(map(str, digits + ([carry] if carry else []))) + f"={total}")
+        last = k == columns - 1
+        value += (total if last else total % 10) * 10**k
+        carry = total // 10
+    return ";".join(parts), value
+
+
+def carries_into_tens(terms: Sequence[int]) -> bool:
+    """Whether the ones digits of `terms` sum to 10 or more."""
+    return sum(t % 10 for t in terms) >= 10
+
+
+def sum_without_tens_carry(terms: Sequence[int]) -> int:
+    """The sum with the carry out of the ones digit dropped (47 + 38 -> 75, not 85)."""
+    return sum(t // 10 for t in terms) * 10 + sum(t % 10 for t in terms) % 10
 
 
 def eval_expression(terms: list[int], ops: list[str]) -> int:

@@ -14,11 +14,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Problem:
-    """One question with its full reference solution and its final answer (`target`, a number as text)."""
+    """One question with its full reference solution and its final answer (`target`, a number as text); a generated
+    sum also keeps its `terms`, so that a teacher can solve it again."""
 
     question: str
     solution: str
     target: str
+    terms: tuple[int, ...] = ()
 
 
 @dataclass

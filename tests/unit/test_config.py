@@ -163,6 +163,19 @@ def test_policy_update_settings_are_refused_before_any_worker_starts(overrides, 
         load_config(config, {"prompts_per_step": 16, "group_size": 8, **overrides})
 
 
+@pytest.mark.parametrize("overrides,match", [
+    ({"sft.drop_carry": 0.5, "dataset.ops": "-"}, r"sft.drop_carry = 0.5 drops carries in generated sums, and "
+                                                  r"dataset.kind 'arith' with ops '-' has none: use .*'\+' in dataset.ops"),
+    ({"dataset.solution": "columns", "dataset.ops": "+-"}, r"dataset.solution: columns writes out sums of "
+                                                           r"non-negative terms; set dataset.ops: '\+'"),
+    ({"dataset.solution": "columns", "dataset.ops": "+", "sft.steps": 10, "sft.response": "target"},
+     r"dataset.solution columns is working for the model to write, .* set sft.response: solution"),
+])
+def test_the_teacher_and_the_column_working_are_refused_where_they_cannot_apply(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(None, overrides)
+
+
 def test_policy_update_settings_reach_the_trainer():
     from infra import components as C
 

@@ -20,7 +20,8 @@ def write_gsm8k(path: Path, bad_line: int | None = None) -> Path:
 
 def test_malformed_row_fails_the_config_check_with_file_and_line(tmp_path):
     path = write_gsm8k(tmp_path / "train.jsonl", bad_line=7)
-    overrides = {"dataset.kind": "gsm8k", "dataset.path": str(path), "eval.num_prompts": 8}
+    # the recipe's teacher re-solves generated sums: a file of problems has none (sft.drop_carry 0)
+    overrides = {"dataset.kind": "gsm8k", "dataset.path": str(path), "eval.num_prompts": 8, "sft.drop_carry": 0}
     with pytest.raises(ValueError, match=r"train.jsonl:7: invalid JSON.*dataset.on_error: skip"):
         load_config("configs/grpo_math_tiny.yaml", overrides)
     assert load_config("configs/grpo_math_tiny.yaml", {**overrides, "dataset.on_error": "skip"})
@@ -29,7 +30,8 @@ def test_malformed_row_fails_the_config_check_with_file_and_line(tmp_path):
 def test_cli_names_the_row_without_a_traceback_and_starts_nothing(tmp_path):
     path = write_gsm8k(tmp_path / "train.jsonl", bad_line=3)
     out = subprocess.run([str(Path(sys.executable).with_name("forgeflow")), "grpo", "--config",
-                          "configs/grpo_math_tiny.yaml", "--dataset.kind", "gsm8k", "--dataset.path", str(path)],
+                          "configs/grpo_math_tiny.yaml", "--dataset.kind", "gsm8k", "--dataset.path", str(path),
+                          "--sft.drop_carry", "0"],
                          capture_output=True, text=True, env={"FORGEFLOW_HOME": str(tmp_path / "home"),
                                                               "PATH": "/usr/bin:/bin"})
     assert out.returncode == 2
@@ -42,7 +44,7 @@ def test_a_dataset_is_read_once_per_process_until_its_file_changes(tmp_path, mon
 
     path = write_gsm8k(tmp_path / "train.jsonl")
     cfg = load_config("configs/grpo_math_tiny.yaml", {"dataset.kind": "gsm8k", "dataset.path": str(path),
-                                                      "eval.num_prompts": 8})
+                                                      "eval.num_prompts": 8, "sft.drop_carry": 0})
     reads = []
     real = C.read_splits
     monkeypatch.setattr(C, "read_splits", lambda c: reads.append(1) or real(c))
