@@ -38,15 +38,7 @@ from runtime.progress import quiet_libraries  # noqa: E402
 from runtime.sft import sft_phase  # noqa: E402
 
 LOSSES = ("grpo", "dapo", "gspo", "cispo", "sapo")
-# each family with its published clip settings (SAPO has no KL term)
-LOSS_SECTIONS = {
-    "grpo": {"name": "grpo", "clip_low": 0.2, "clip_high": 0.2},
-    "dapo": {"name": "dapo", "clip_low": 0.2, "clip_high": 0.28},
-    "gspo": {"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4},
-    "cispo": {"name": "cispo", "clip_high": 4.0},
-    "sapo": {"name": "sapo"},
-}
-# every table pins all its off-policy keys: the config's own values (make run trains with mini_batches 4) must not
+# every table pins all its off-policy keys: the config's own values (the tiny recipe trains with mini_batches 4) must not
 # leak into the on-policy baseline
 ON_POLICY = {"trainer.mini_batches": 1, "trainer.epochs": 1, "max_policy_age": 0, "rollout_correction.mode": "none"}
 TABLES = {
@@ -54,13 +46,6 @@ TABLES = {
     "mini4": {**ON_POLICY, "trainer.mini_batches": 4},
     "age2": {**ON_POLICY, "trainer.mini_batches": 4, "max_policy_age": 2, "rollout_correction.mode": "tis"},
 }
-
-
-def loss_section(name: str, beta: float) -> dict:
-    section = dict(LOSS_SECTIONS.get(name, {"name": name}))
-    if name != "sapo":
-        section["beta"] = beta
-    return section
 
 
 def held_out(cfg, model, tok, splits) -> dict:
@@ -74,8 +59,9 @@ def std_error(p: float, n: int) -> float:
 
 
 def mean_of(history: list[dict], *keys: str) -> float | None:
-    """Mean over the steps of the sum of `keys` (None when no step has them)."""
-    values = [sum(r[k] for k in keys if k in r) for r in history if any(k in r for k in keys)]
+    """Mean over the rows of the sum of `keys` (None when no row has them; a key that is None counts as absent)."""
+    values = [sum(r[k] for k in keys if r.get(k) is not None) for r in history
+              if any(r.get(k) is not None for k in keys)]
     return statistics.fmean(values) if values else None
 
 
@@ -87,7 +73,9 @@ def accuracy_at(curve: list[dict], minutes: float) -> float:
 
 def run_one(args, base, splits, sft_path: str, table: str, loss: str, seed: int) -> tuple[dict, list[dict]]:
     """One GRPO run from the shared SFT weights; (its table row, its curve with wall minutes per point)."""
-    overrides = {"steps": base.steps, "seed": seed, "loss": loss_section(loss, base.loss.beta), **TABLES[table]}
+    # loss.name alone, as `forgeflow sweep --grid loss.name=…` does: each loss keeps the config's other loss keys
+    # (the tiny recipe sets only beta, so each keeps its published clip settings)
+    overrides = {"steps": base.steps, "seed": seed, "loss.name": loss, **TABLES[table]}
     cfg = load_config(args.config, {**overrides, **args.overrides})  # --set wins (e.g. loss.clip_high, mini_batches)
     model, tok = load_model_and_tokenizer(sft_path, seed=cfg.seed)
     before = held_out(cfg, model, tok, splits)
@@ -173,7 +161,8 @@ def print_loss_summary(rows: list[dict]) -> None:
 
 
 def fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+    """`value` formatted by `spec` ('>7.3f'); None as a '-' of the same width."""
+    return format("-", spec.split(".")[0]) if value is None else format(value, spec)
 
 
 def print_tables(rows: list[dict], baseline: dict[int, list[dict]]) -> None:
@@ -223,14 +212,14 @@ def main() -> None:
                 curves[f"{table} {loss} s{seed}"] = curve
                 if table == "on-policy" and loss == args.baseline_losses.split(",")[0]:
                     baseline[seed] = curve
-    print_tables(rows, baseline)
-    print_loss_summary(rows)
     png = plot_curves(curves, out / "learning.png", keys=("reward/mean", "eval/accuracy", "loss/clip_frac_high"),
                       title=f"GRPO-family losses on/off-policy from one SFT checkpoint ({base.steps} steps)")
     accuracy = {label: [(r["step"], round(r["minutes"], 2), r["eval/accuracy"]) for r in curve if "eval/accuracy" in r]
                 for label, curve in curves.items()}  # (step, minutes, held-out accuracy) per run
     (out / "learning.json").write_text(json.dumps({"rows": rows, "sft": sft_path, "accuracy": accuracy}, indent=2))
     print(f"plot: {png}\nrows: {out / 'learning.json'}")
+    print_tables(rows, baseline)
+    print_loss_summary(rows)
     best = max((r for r in rows if r["table"] != "on-policy"), key=lambda r: r["acc_after"], default=None)
     base_rows = [r for r in rows if r["table"] == "on-policy"]
     parts = [f"sft_acc={rows[0]['acc_before']:.3f}"]

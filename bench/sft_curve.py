@@ -1,7 +1,9 @@
 """Held-out greedy accuracy along an SFT schedule: shows whether an SFT model was trained until it stopped improving.
 
-Trains `sft.steps` SFT steps of the config's model on `sft.examples` labelled problems (0: all), evaluates every
-`--every` steps, saves the final checkpoint, prints the curve, writes a PNG and ends with `RESULT …`.
+Trains `sft.steps` SFT steps of the config's model the way a run does (`sft.examples` labelled problems, 0: all,
+and the teacher's demonstrations when `sft.drop_carry` is set), evaluates every `--every` steps (greedy, and with
+`eval.samples` also sampled accuracy and pass@k), saves the final checkpoint, prints the curve, writes a PNG and ends
+with `RESULT …`.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def main() -> None:
 
     run_sft_steps(cfg, trainer, tok, splits, show=False, report=on_step)  # the run's own SFT: teacher included
     path = save_model_and_tokenizer(model, tok, out / "sft")
-    png = plot_curves({f"sft {n} examples": curve}, out / "sft_curve.png", keys=("eval/accuracy", "eval/sampled_accuracy", "loss/loss"),
+    png = plot_curves({f"sft {n} examples": curve}, out / "sft_curve.png",
+                      keys=("eval/accuracy", "eval/sampled_accuracy", "loss/loss"),
                       title=f"SFT on {n} labelled problems, seed {cfg.seed}")
     (out / "sft_curve.json").write_text(json.dumps(curve, indent=2))
     best = max(curve, key=lambda r: r["eval/accuracy"])

@@ -4,7 +4,13 @@ the column working it writes."""
 import pytest
 
 from forge_core.data import make_arith_problems
-from forge_core.data.arith import ArithSpec, add_in_columns, carries_into_tens, sum_without_tens_carry, write_solution
+from forge_core.data.arith import (
+    ArithSpec,
+    add_in_columns,
+    carries_into_tens,
+    sum_without_tens_carry,
+    write_solution,
+)
 from forge_core.data.problems import Problem
 from forge_core.data.teacher import teach
 from forge_core.rewards.math import MathReward, parse_target
@@ -65,3 +71,26 @@ def test_its_error_rate_on_a_fixed_seed_is_the_configured_one(solution):
     assert teach(problems, 0.0, solution=solution) == problems
     with pytest.raises(ValueError, match="sft.drop_carry must be in"):
         teach(problems, 1.5)
+
+
+def test_the_tiny_recipes_sft_trains_on_the_teachers_column_working(monkeypatch):
+    from types import SimpleNamespace
+
+    import runtime.sft
+    from infra.config_checks import load_config
+
+    cfg = load_config("configs/grpo_math_tiny.yaml", {"dataset.train_size": 2000, "eval.num_prompts": 8})
+    spec = cfg.dataset
+    problems = make_arith_problems(spec.train_size, seed=spec.seed, spec=spec)
+    seen = {}
+    monkeypatch.setattr(runtime.sft, "make_sft_examples",
+                        lambda demos, prompts, tok, response: seen.update(demos=demos, response=response) or [])
+    monkeypatch.setattr(runtime.sft, "run_sft", lambda *args, **kwargs: None)
+    splits = SimpleNamespace(train=problems, train_prompts=[p.question for p in problems])
+    runtime.sft.run_sft_steps(cfg, trainer=None, tok=SimpleNamespace(pad_token_id=0), splits=splits, show=False)
+    demos = seen["demos"]
+    assert seen["response"] == "solution" and all(";" in d.solution and "####" in d.solution for d in demos)
+    carrying = [i for i, p in enumerate(problems) if carries_into_tens(p.terms)]
+    slipped = [i for i in carrying if demos[i].target != problems[i].target]
+    assert abs(len(slipped) / len(carrying) - cfg.sft.drop_carry) < 0.05  # ~900 carrying sums: SE ≈ 0.015
+    assert all(demos[i].solution.split(";")[1].count("+") == 1 for i in slipped)  # the tens column lost its '+1'
