@@ -15,12 +15,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Problem:
     """One question with its full reference solution and its final answer (`target`, a number as text); a generated
-    sum also keeps its `terms`, so that a teacher can solve it again."""
+    sum also keeps its `terms`, so that a teacher can solve it again (not part of its identity: a sum written to a
+    file and read back is the same problem)."""
 
     question: str
     solution: str
     target: str
-    terms: tuple[int, ...] = ()
+    terms: tuple[int, ...] = field(default=(), compare=False)
 
 
 @dataclass
