@@ -1,7 +1,7 @@
 """The `grpo` flow: SFT warm-up (subflow, when configured), then the GRPO iteration spine
 (forge_core.recipes.iteration) driven with Prefect tasks over persistent workers:
 
-    dataset ─prompts─▶ rollout-s ──groups──▶ score_rewards-s ──▶ score_reference-s ──▶ train_step-s ──▶ sync_weights-v
+    dataset ─prompts─▶ rollout-s ──groups──▶ score_rewards-s ──▶ score_reference-s ──▶ train-s ──▶ sync_weights-v
       (generator replicas)             (reward workers)     (reference, beta>0)    (trainer: publishes v = s+1)
                                               every checkpoint.every: checkpoint-v   every eval.every: evaluate-v
 

@@ -23,6 +23,9 @@ class RolledBack(Exception):  # noqa: N818 - a signal to the driver, not an erro
         super().__init__(f"trainer restored to step {step}")
         self.step = step
 
+    def __reduce__(self):  # a task returns it as its value: it pickles as RolledBack(step), not RolledBack(message)
+        return RolledBack, (self.step,)
+
 
 @dataclass
 class ReadyBatch:

@@ -28,3 +28,8 @@ def restore_rng_states(states: dict) -> None:
     torch.set_rng_state(states["torch"].cpu())  # map_location may have moved it to the GPU
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
+
+
+def step_seed(run_seed: int, step: int, salt: int = 0) -> int:
+    """Sampling seed for (run, step): re-running a step after a rollback samples the same rollouts."""
+    return (run_seed * 1_000_003 + step * 7919 + salt) % (2**31 - 1)

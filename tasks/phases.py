@@ -3,7 +3,7 @@ hands the iteration spine: each role call is one task run, named after its step)
 
 A task body is a thin call into the run's worker-client roles (workers/remote.py) and returns small values; a
 WorkerLost is retried after the dead role is restarted and restored (tasks/recovery.py). A trainer that was rolled
-back answers {"resume_from": step} rather than failing the task; its task role raises RolledBack in the flow.
+back returns its RolledBack rather than raising it (the task run ends Completed); its task role raises it in the flow.
 
 Episode batches go into tasks wrapped in `quote`: Prefect otherwise walks every nested object of a task's arguments
 looking for futures (~90 ms per call for a 256-episode batch against ~10 ms quoted).
@@ -57,47 +57,46 @@ def score_reference(run_id: str, step: int, groups: list) -> tuple[list, dict]:
     return get_run(run_id).roles.reference.score(step, groups)
 
 
-@task(name="train_step", task_run_name=named_after_version("train_step"), **PHASE)
-def train_step(run_id: str, step: int, groups: list) -> dict:
-    """One optimizer step on the trainer (publishes version step+1); {"resume_from": n} when a recovery rolled
-    the trainer back to step n (nothing trained)."""
+@task(name="train", task_run_name=named_after_version("train"), **PHASE)
+def train(run_id: str, step: int, groups: list) -> dict | RolledBack:
+    """The step's policy update on the trainer (publishes version step+1); RolledBack(n), returned, when a recovery
+    rolled the trainer back to step n (nothing trained)."""
     return answer_rollback(lambda: get_run(run_id).roles.trainer.train(step, groups))
 
 
 @task(name="sync_weights", task_run_name="sync_weights-{version}", **PHASE)
-def sync_weights(run_id: str, version: int) -> dict:
-    """Every generator loads `version` from the weight store ({"resume_from": n}: see train_step)."""
+def sync_weights(run_id: str, version: int) -> dict | RolledBack:
+    """Every generator loads `version` from the weight store (RolledBack: see train)."""
     return answer_rollback(lambda: get_run(run_id).roles.generator.sync(version))
 
 
 @task(name="evaluate", task_run_name="evaluate-{step}", **PHASE)
-def evaluate(run_id: str, step: int) -> dict:
-    """Held-out greedy (and sampled) accuracy of the generator's current weights ({"resume_from": n}: see
-    train_step)."""
+def evaluate(run_id: str, step: int) -> dict | RolledBack:
+    """Held-out greedy (and sampled) accuracy of the generator's current weights (RolledBack: see train)."""
     return answer_rollback(lambda: get_run(run_id).roles.generator.evaluate(step))
 
 
 @task(name="checkpoint", task_run_name="checkpoint-{step}", **PHASE)
-def checkpoint(run_id: str, step: int, inflight: list | None = None) -> dict:
+def checkpoint(run_id: str, step: int, inflight: list | None = None) -> dict | RolledBack:
     """Trainer state + HF weights to checkpoints/step-N (infra.checkpoints); `inflight`: the batches of steps N,
-    N+1, … sampled ahead. {"path": …}, or {"resume_from": n} when the trainer is no longer at `step`."""
+    N+1, … sampled ahead. {"path": …}, or RolledBack when the trainer is no longer at `step`."""
     ahead = [ReadyBatch(batch) for batch in inflight or []]
     return answer_rollback(lambda: {"path": get_run(run_id).roles.trainer.checkpoint(step, ahead)})
 
 
-def answer_rollback(call) -> dict:
-    """`call()`, or {"resume_from": n} when it raised RolledBack(n): a recovery restored the trainer to step n,
-    which is the flow's signal (so the task run ends Completed, not Failed)."""
+def answer_rollback(call) -> dict | RolledBack:
+    """`call()`, or the RolledBack(n) it raised, as the task's value: a recovery restored the trainer to step n,
+    which is the flow's signal, not a failure (so the task run ends Completed; raise_rollback raises it again)."""
     try:
         return call()
     except RolledBack as back:
-        return {"resume_from": back.step}
+        return back
 
 
-def raise_rollback(answer: dict) -> dict:
-    """A task's answer, or RolledBack (in the flow) when it was {"resume_from": n}."""
-    if "resume_from" in answer:
-        raise RolledBack(answer["resume_from"])
+def raise_rollback(answer: dict | RolledBack) -> dict:
+    """A task's answer; the RolledBack it returned is raised here, in the flow."""
+    if isinstance(answer, RolledBack):
+        raise answer
     return answer
 
 
@@ -169,14 +168,14 @@ class TaskScorer:
 
 @dataclass
 class TaskTrainer:
-    """PolicyTrainer as train_step / checkpoint tasks; a rolled-back trainer raises RolledBack here, in the flow."""
+    """PolicyTrainer as train / checkpoint tasks; a rolled-back trainer raises RolledBack here, in the flow."""
 
     run_id: str
     calls: TaskCalls
 
     def train(self, step: int, groups) -> dict[str, float]:
         self.calls.count += 1
-        return raise_rollback(train_step(self.run_id, step, quote(groups)))
+        return raise_rollback(train(self.run_id, step, quote(groups)))
 
     def checkpoint(self, version: int, ahead: list[PendingBatch]) -> str:
         self.calls.count += 1

@@ -19,7 +19,7 @@ from forge_core.models.lora import merge_lora_state
 from forge_core.recipes import steps
 from forge_core.training import Trainer, state_sha256
 from forge_core.training.trainer import loss_mask_of, save_atomically
-from forge_core.training.update import select_rows
+from forge_core.training.update import select_rows, train_on_episodes
 from forge_core.types import Group
 from infra import components as C
 from infra.checkpoints import HF_DIR, STATE, WORKER_STEP, file_sha256
@@ -263,9 +263,8 @@ class TrainerWorker(Worker):
             def step_fn(inputs, targets):
                 rows = torch.arange(dp_rank, len(inputs), dp_size)
                 return self._step_sharded(self.trainer, *select_rows(inputs, targets, rows))
-        return steps.train_on_episodes(self.trainer, episodes, self.tokenizer.pad_token_id, step=step,
-                                       seed=self.cfg.seed, correction=self.cfg.rollout_correction,
-                                       step_fn=step_fn)
+        return train_on_episodes(self.trainer, episodes, self.tokenizer.pad_token_id, step=step,
+                                 seed=self.cfg.seed, correction=self.cfg.rollout_correction, step_fn=step_fn)
 
     def _step_sharded(self, trainer: Trainer, inputs: list[dict], targets: dict) -> dict[str, float]:
         """One optimizer step of a multi-rank trainer on this rank's slice of the batch; the batch's metrics."""

@@ -14,6 +14,7 @@ from forge_core.recipes import steps
 from forge_core.rewards import CombinedReward
 from forge_core.training import Trainer
 from forge_core.training.correction import RolloutCorrection
+from forge_core.training.update import train_on_episodes
 from forge_core.types import Group
 
 
@@ -118,8 +119,8 @@ class LocalTrainer:
         t0 = time.perf_counter()
         adv = dict(self.advantage)
         episodes, metrics = steps.compute_advantages(groups, adv.pop("name"), self.filter_groups, **adv)
-        metrics.update(steps.train_on_episodes(self.trainer, episodes, self.pad_id, step=step, seed=self.seed,
-                                               correction=self.correction))
+        metrics.update(train_on_episodes(self.trainer, episodes, self.pad_id, step=step, seed=self.seed,
+                                         correction=self.correction))
         metrics["timing/train"] = time.perf_counter() - t0
         return metrics
 

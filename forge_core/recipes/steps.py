@@ -22,16 +22,10 @@ from forge_core.data.problems import Problem
 from forge_core.generation import SamplingParams, TorchGenerator
 from forge_core.protocols import Batch
 from forge_core.rewards import CombinedReward, MathReward
+from forge_core.seeding import step_seed
 from forge_core.training import Trainer, episodes_to_train_inputs, sequence_logprobs
 from forge_core.training.batching import collate
-from forge_core.training.correction import RolloutCorrection
-from forge_core.training.update import StepFn, update_policy
 from forge_core.types import Episode, Group
-
-
-def step_seed(run_seed: int, step: int, salt: int = 0) -> int:
-    """Sampling seed for (run, step): re-running a step after a rollback samples the same rollouts."""
-    return (run_seed * 1_000_003 + step * 7919 + salt) % (2**31 - 1)
 
 
 def sample_prompt_indices(num_problems: int, k: int, seed: int, step: int) -> list[int]:
@@ -141,22 +135,6 @@ def compute_advantages(groups: list[Group], name: str = "grpo", drop_uninformati
         assign_group_advantages(groups, name, **kwargs)
     episodes = [e for g in groups for e in g.episodes]
     return episodes, {"rollout/dropped_groups": float(dropped)}
-
-
-def train_on_episodes(trainer: Trainer, episodes: list[Episode], pad_id: int, *, step: int = 0, seed: int = 0,
-                      correction: RolloutCorrection | None = None, stale: bool | None = None,
-                      step_fn: StepFn | None = None) -> dict[str, float]:
-    """Step `step`'s policy update on the episodes (mini-batches × epochs optimizer steps, proximal logprobs and
-    rollout correction when configured); loss/* and rollout/* metrics (empty batch: no step). `stale` defaults to
-    whether any episode was sampled by a version older than `step` (the trainer's current one)."""
-    if not episodes:
-        return {"loss/skipped": 1.0}
-    inputs, targets = episodes_to_train_inputs(episodes, pad_id)
-    if stale is None:
-        stale = any(e.completion.policy_version < step for e in episodes)
-    metrics = update_policy(trainer, inputs, targets, seed=step_seed(seed, step, salt=2), stale=stale,
-                            correction=correction, step_fn=step_fn)
-    return {k if k.startswith("rollout/") else f"loss/{k}": v for k, v in metrics.items()}
 
 
 def sync_weights(generator: TorchGenerator, trainer: Trainer, version: int) -> None:

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
+from forge_core.seeding import step_seed
+from forge_core.training.batching import episodes_to_train_inputs
 from forge_core.training.correction import RolloutCorrection, correct_rollout
+from forge_core.types import Episode
+
+if TYPE_CHECKING:
+    from forge_core.training.trainer import Trainer
 
 StepFn = Callable[[list[dict], dict], dict[str, float]]  # one optimizer step on (inputs, targets) -> its metrics
 SUMMARISED_MAX = ("clip_frac", "ratio_", "kl", "entropy", "grad_norm")  # keys that also get a `_max` over steps
@@ -99,3 +106,19 @@ def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stal
             for rows in mini_batch_rows(len(inputs), s.mini_batches, seed + 104_729 * epoch):
                 per_step.append(step_fn(*select_rows(inputs, targets, rows)))
     return {**summarise_steps(per_step, s.epochs), **extra}
+
+
+def train_on_episodes(trainer: Trainer, episodes: list[Episode], pad_id: int, *, step: int = 0, seed: int = 0,
+                      correction: RolloutCorrection | None = None, stale: bool | None = None,
+                      step_fn: StepFn | None = None) -> dict[str, float]:
+    """Step `step`'s policy update on the episodes (mini-batches × epochs optimizer steps, proximal logprobs and
+    rollout correction when configured); loss/* and rollout/* metrics (empty batch: no step). `stale` defaults to
+    whether any episode was sampled by a version older than `step` (the trainer's current one)."""
+    if not episodes:
+        return {"loss/skipped": 1.0}
+    inputs, targets = episodes_to_train_inputs(episodes, pad_id)
+    if stale is None:
+        stale = any(e.completion.policy_version < step for e in episodes)
+    metrics = update_policy(trainer, inputs, targets, seed=step_seed(seed, step, salt=2), stale=stale,
+                            correction=correction, step_fn=step_fn)
+    return {k if k.startswith("rollout/") else f"loss/{k}": v for k, v in metrics.items()}

@@ -124,7 +124,7 @@ def test_a_run_and_a_sweep_read_well_in_prefect_and_mlflow(ui_stack, browser, tm
     expect(page.get_by_text("step    3/3").first).to_be_visible()  # the per-step log lines reach the UI
     open_tab("Task Runs")
     for version in (1, 2, 3):
-        for phase in ("rollout", "score_rewards", "train_step", "sync_weights"):
+        for phase in ("rollout", "score_rewards", "train", "sync_weights"):
             expect(page.get_by_text(f"{phase}-{version}", exact=True)).to_be_visible()
     shot("prefect-task-runs")
     open_tab("Artifacts")

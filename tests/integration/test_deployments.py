@@ -47,7 +47,7 @@ def test_deployment_run_completes_with_every_phase_recorded(prefect_stack):
     assert run["state"]["type"] == "COMPLETED"
     names = task_runs_of(prefect_stack, run["id"])
     for version in (1, 2):
-        for phase in ("rollout", "score_rewards", "train_step", "sync_weights"):
+        for phase in ("rollout", "score_rewards", "train", "sync_weights"):
             assert names.get(f"{phase}-{version}") == "COMPLETED", sorted(names)
 
 

@@ -48,7 +48,7 @@ def test_every_phase_task_of_every_iteration_is_recorded(capsys):
     assert wait_for_task_runs(summary["flow_run_id"], summary["task_calls"]) >= summary["task_calls"]
     names = task_names(summary["flow_run_id"])
     for version in (1, 2, 3):  # step 1/3 of the log is rollout-1 … sync_weights-1, MLflow step 1
-        for phase in ("rollout", "score_rewards", "train_step", "sync_weights"):
+        for phase in ("rollout", "score_rewards", "train", "sync_weights"):
             assert names.get(f"{phase}-{version}") == "COMPLETED", (phase, version, sorted(names))
     assert "rollout-0" not in names and "score_reference-1" not in names  # beta = 0: no reference phase
     assert names.get("checkpoint-2") == "COMPLETED" and names.get("evaluate-2") == "COMPLETED"

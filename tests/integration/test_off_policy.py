@@ -23,13 +23,13 @@ def recorded_metrics(run_id: str) -> list[dict]:
 def test_a_slowed_trainer_never_trains_on_a_batch_older_than_max_policy_age(monkeypatch):
     from tasks import phases
 
-    real = phases.train_step
+    real = phases.train
 
-    def slow_train_step(run_id, step, groups):
+    def slow_train(run_id, step, groups):
         time.sleep(1.0)  # the rollouts ahead finish long before the trainer wants them
         return real(run_id, step, groups)
 
-    monkeypatch.setattr(phases, "train_step", slow_train_step)
+    monkeypatch.setattr(phases, "train", slow_train)
     overrides = {**TINY, "steps": 6, "max_policy_age": 2, "trainer.mini_batches": 4, "rollout_correction.mode": "tis",
                  "checkpoint.every": 3}
     summary = grpo_flow(overrides=overrides, run_name="slow-trainer-age-2")

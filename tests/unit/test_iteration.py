@@ -193,3 +193,19 @@ def test_lookahead_leaves_room_for_spaced_syncs():
         schedule = Schedule(steps=40, sync_every=every, max_policy_age=age)
         assert all(step - schedule.behaviour_version(step) <= age for step in range(40))
         assert schedule.lookahead == age - every + 1
+
+
+def test_a_rollback_crosses_the_task_boundary_as_the_same_rolledback():
+    import pickle
+
+    from tasks.phases import answer_rollback, raise_rollback
+
+    def lost():
+        raise RolledBack(4)
+
+    answer = pickle.loads(pickle.dumps(answer_rollback(lost)))  # what a task run hands back, even serialised
+    assert isinstance(answer, RolledBack) and answer.step == 4
+    with pytest.raises(RolledBack) as raised:
+        raise_rollback(answer)
+    assert raised.value.step == 4
+    assert raise_rollback(answer_rollback(lambda: {"loss/pg": 0.5})) == {"loss/pg": 0.5}
