@@ -67,10 +67,16 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor
 
 
 def group_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> list[float]:
-    """The advantage of every episode of `groups` (in order) from their rewards, without changing the episodes."""
-    rewards = torch.tensor([e.reward for g in groups for e in g.episodes], dtype=torch.float64)
-    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.episodes], dtype=torch.long)
-    return compute_advantages(name, rewards, ids, **kwargs).tolist()
+    """The advantage of every episode of `groups` (in order) from their rewards, without changing the episodes; a
+    continuation sample (Episode.continues) gets the advantage of the episode it continues."""
+    rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float64)
+    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.rewards], dtype=torch.long)
+    heads = iter(compute_advantages(name, rewards, ids, **kwargs).tolist())
+    out: list[float] = []
+    for g in groups:
+        for e in g.episodes:
+            out.append(out[-1] if e.continues else next(heads))
+    return out
 
 
 def assign_group_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> None:

@@ -16,6 +16,9 @@ class Completion:
     metadata: dict[str, Any] = field(default_factory=dict)
     policy_version: int = 0
     stop_reason: str = "length"  # "eos" | "length"
+    # multi-turn episodes: 1 on the tokens the model generated, 0 on those an environment inserted (tool results);
+    # None: every token was generated
+    loss_mask: list[int] | None = None
 
 
 @dataclass
@@ -30,6 +33,9 @@ class Episode:
     reward_breakdown: dict[str, float] = field(default_factory=dict)
     advantage: float = 0.0
     ref_logprobs: list[float] | None = None
+    # a later sample of the episode before it in its group (a chat template could not extend that one's prefix):
+    # it trains with that episode's advantage and is left out of the group's statistics
+    continues: bool = False
 
 
 @dataclass
@@ -43,4 +49,5 @@ class Group:
 
     @property
     def rewards(self) -> list[float]:
-        return [e.reward for e in self.episodes]
+        """One reward per episode (an episode's continuation samples are not counted again)."""
+        return [e.reward for e in self.episodes if not e.continues]

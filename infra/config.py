@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from forge_core.data.config import DatasetConfig
+from forge_core.envs.base import EnvConfig
 from forge_core.generation.sampling import SamplingParams
 from forge_core.losses import implied_advantage
 from forge_core.recipes.config import EvalConfig, GRPOConfig
@@ -166,6 +167,7 @@ class RunConfig(GRPOConfig):
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
+    env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes in an environment (forge_core/envs)
     # import paths ('module.path:Name') that loss.name / rewards[].name may use: set only in a file (infra/plugins.py)
     plugins: list[str] = field(default_factory=list)
 

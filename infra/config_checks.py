@@ -219,7 +219,18 @@ def check_components(cfg: RunConfig, where: str) -> None:
         C.check_loss_config(cfg)
         check_correction_fits_loss(cfg)
         C.build_reward(cfg)
+        if cfg.env.enabled:
+            check_environment(cfg.env)
         if cfg.advantage.name not in ADVANTAGES:
             raise ValueError(f"unknown advantage.name {cfg.advantage.name!r}; choose one of {sorted(ADVANTAGES)}")
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
+
+
+def check_environment(env) -> None:
+    """env.name names an environment and env.options fit its constructor (one is built and closed at once)."""
+    from forge_core.envs import environment_factory, make_environment
+
+    environment_factory(env.name)
+    if env.name != "openenv":  # an OpenEnv client connects when it is built: checked when the run starts it
+        make_environment(env).close()

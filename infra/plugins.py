@@ -40,8 +40,9 @@ def check_plugin_list(plugins: list, where: str) -> None:
 
 
 def named_components(cfg) -> list[tuple[str, str]]:
-    """(config key, name) of every component the config names: the loss and each reward."""
-    return [("loss.name", cfg.loss.name)] + [(f"rewards[{i}].name", r.name) for i, r in enumerate(cfg.rewards)]
+    """(config key, name) of every component the config names: the loss, each reward and the environment."""
+    env = [("env.name", cfg.env.name)] if cfg.env.name else []
+    return [("loss.name", cfg.loss.name)] + [(f"rewards[{i}].name", r.name) for i, r in enumerate(cfg.rewards)] + env
 
 
 def check_plugins(cfg, where: str) -> None:

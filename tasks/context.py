@@ -27,10 +27,10 @@ def remote_roles(pool: WorkerPool, splits: ProblemSplits, checkpoint_dir: Path) 
     reward = RemoteRewardScorer(pool)
     generator = RemoteGenerator(pool, splits, run_schedule(cfg), cfg.prompts_per_step, cfg.group_size, cfg.seed,
                                 cfg.eval.samples, fill_rounds=cfg.fill_rounds if cfg.filter_groups else 1,
-                                reward=reward)
+                                reward=reward, env_enabled=cfg.env.enabled)
     reference = RemoteReferenceScorer(pool) if needs_reference(cfg) else None
     trainer = RemoteTrainer(pool, checkpoint_dir, cfg.seed, cfg.checkpoint.keep)
-    return Roles(generator, ScoredDuringRollout() if generator.refills else reward, trainer, reference)
+    return Roles(generator, ScoredDuringRollout() if generator.scored_in_rollout else reward, trainer, reference)
 
 
 @dataclass

@@ -56,7 +56,7 @@ class GeneratorWorker(Worker):
                           "(counted as rollout/pinned_version_misses; %d so far)", version, exc, self.policy_version,
                           self.pinned_version_misses)
         groups = steps.rollout(self.generator, problems, prompts, group_size, seed, self.cfg.generator,
-                               prompt_keys)
+                               prompt_keys, env=self.cfg.env)
         if missed is not None:
             for group in groups:
                 for episode in group.episodes:
@@ -77,7 +77,8 @@ class GeneratorWorker(Worker):
         """Held-out greedy (and sampled) accuracy of the current weights on these prompts (keys: see rollout)."""
         g = self.cfg.generator
         return steps.evaluate(self.generator, problems, prompts, g.max_new_tokens, samples=samples,
-                              temperature=g.temperature, seed=self.cfg.seed, prompt_keys=prompt_keys)
+                              temperature=g.temperature, seed=self.cfg.seed, prompt_keys=prompt_keys,
+                              env=self.cfg.env)
 
     def join_weight_group(self, address: str, rank: int, world: int, device: str = "cpu") -> None:
         """weightsync.backend broadcast: join the trainer's weight-broadcast group at `address` as `rank`

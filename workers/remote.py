@@ -124,6 +124,7 @@ class RemoteGenerator:
     eval_samples: int = 0
     fill_rounds: int = 1  # > 1: DAPO dynamic sampling, refilled with the reward workers' scores
     reward: RemoteRewardScorer | None = None  # scores each refill round (fill_rounds > 1)
+    env_enabled: bool = False  # the generator workers play episodes in the run's environment, which rewards them
 
     def rollout(self, step: int) -> Batch:
         """The step's groups, sampled with the pinned behaviour version (and refilled: fill_rounds > 1)."""
@@ -134,15 +135,23 @@ class RemoteGenerator:
             return remote_rollout(self.pool, [train[i] for i in indices], [prompts[i] for i in indices],
                                   self.group_size, seed, self.behaviour_version(step))
 
-        score = (lambda groups: self.reward.score(step, groups)) if self.refills else None
+        score = None
+        if self.refills:  # an environment rewarded its episodes already; the reward workers score the others
+            score = ((lambda groups: (groups, reward_metrics(groups))) if self.env_enabled
+                     else (lambda groups: self.reward.score(step, groups)))
         groups, metrics = sample_batch(step, len(train), self.prompts_per_step, self.seed, sample, score,
                                        self.fill_rounds)
         return groups, {**metrics, **rollout_metrics(groups, step, time.perf_counter() - t0)}
 
     @property
     def refills(self) -> bool:
-        """Whether rollouts score rewards themselves (dynamic sampling): then ScoredDuringRollout is the scorer."""
-        return self.fill_rounds > 1 and self.reward is not None
+        """Whether rollouts refill uninformative groups (dynamic sampling), scoring each round."""
+        return self.fill_rounds > 1 and (self.reward is not None or self.env_enabled)
+
+    @property
+    def scored_in_rollout(self) -> bool:
+        """Whether rollouts come back rewarded (refills, or an environment): then ScoredDuringRollout scores."""
+        return self.refills or self.env_enabled
 
     def behaviour_version(self, step: int) -> int | None:
         """The version step's rollout is pinned to (the uninterrupted run's; None: whatever the generators hold)."""

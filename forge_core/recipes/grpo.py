@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from forge_core.data.problems import Problem
+from forge_core.envs.base import EnvConfig
 from forge_core.generation import TorchGenerator
 from forge_core.recipes.config import EvalConfig, GRPOConfig
 from forge_core.recipes.iteration import Roles, run_grpo_steps, run_iteration
@@ -41,17 +42,18 @@ class GRPOLoop:
     advantage: dict = field(default_factory=lambda: {"name": "grpo"})  # the advantage section: {name, **params}
     eval: EvalConfig = field(default_factory=EvalConfig)
     correction: RolloutCorrection = field(default_factory=RolloutCorrection)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
     def __post_init__(self) -> None:
         run, sampling = self.config, self.generator.params
         local = LocalGenerator(self.generator, self.train_problems, self.train_prompts, self.eval_problems,
                                self.eval_prompts, run.prompts_per_step, run.group_size, run.seed, sampling,
                                eval_samples=self.eval.samples, fill_rounds=run.refill_rounds,
-                               reward=self.reward, trainer=self.trainer)
+                               reward=self.reward, trainer=self.trainer, env=self.env)
         reference = None
         if self.ref_model is not None:
             reference = LocalReferenceScorer(self.ref_model, self.pad_id, sampling.temperature)
-        self.roles = Roles(local, ScoredDuringRollout() if local.refills else LocalRewardScorer(self.reward),
+        self.roles = Roles(local, ScoredDuringRollout() if local.scored_in_rollout else LocalRewardScorer(self.reward),
                            LocalTrainer(self.trainer, self.pad_id, dict(self.advantage), run.filter_groups, run.seed,
                                         self.correction), reference)
         # one process, one model: the generator sees every version (a rollout ahead samples before the step

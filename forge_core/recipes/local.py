@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from forge_core.data.problems import Problem
+from forge_core.envs.base import EnvConfig
 from forge_core.generation import SamplingParams, TorchGenerator
 from forge_core.protocols import Batch, ReadyBatch
 from forge_core.recipes import steps
@@ -36,6 +37,7 @@ class LocalGenerator:
     fill_rounds: int = 1
     reward: CombinedReward | None = None  # used only to refill (fill_rounds > 1)
     trainer: Trainer | None = None  # whose weights `sync` loads (nothing to copy when it shares the model)
+    env: EnvConfig | None = None  # multi-turn episodes in this environment (env.name set)
 
     def rollout(self, step: int) -> Batch:
         """Sample the step's groups; (groups, rollout/* and timing/rollout metrics)."""
@@ -43,9 +45,13 @@ class LocalGenerator:
 
         def sample(indices: list[int], seed: int) -> list[Group]:
             return steps.rollout(self.generator, [self.problems[i] for i in indices],
-                                 [self.prompts[i] for i in indices], self.group_size, seed, self.sampling)
+                                 [self.prompts[i] for i in indices], self.group_size, seed, self.sampling,
+                                 env=self.env)
 
-        score = (lambda groups: (groups, steps.score_rewards(groups, self.reward))) if self.refills else None
+        score = None
+        if self.refills:  # an environment rewarded its episodes already; reward functions score the others
+            score = ((lambda groups: (groups, steps.reward_metrics(groups))) if self.env_enabled
+                     else (lambda groups: (groups, steps.score_rewards(groups, self.reward))))
         groups, metrics = steps.sample_batch(step, len(self.problems), self.prompts_per_step, self.seed, sample, score,
                                              self.fill_rounds)
         metrics.update(steps.rollout_metrics(groups, step, time.perf_counter() - t0))
@@ -53,8 +59,17 @@ class LocalGenerator:
 
     @property
     def refills(self) -> bool:
-        """Whether rollouts score rewards themselves (dynamic sampling): then ScoredDuringRollout is the scorer."""
-        return self.fill_rounds > 1 and self.reward is not None
+        """Whether rollouts refill uninformative groups (dynamic sampling), scoring each round."""
+        return self.fill_rounds > 1 and (self.reward is not None or self.env_enabled)
+
+    @property
+    def env_enabled(self) -> bool:
+        return self.env is not None and self.env.enabled
+
+    @property
+    def scored_in_rollout(self) -> bool:
+        """Whether rollouts come back rewarded (refills, or an environment): then ScoredDuringRollout scores."""
+        return self.refills or self.env_enabled
 
     def rollout_ahead(self, step: int) -> ReadyBatch:
         """Sampled now, with the weights held now (before the current step trains)."""
@@ -71,7 +86,8 @@ class LocalGenerator:
     def evaluate(self, version: int) -> dict[str, float]:
         """Held-out greedy (and optionally sampled) accuracy of the current policy."""
         return steps.evaluate(self.generator, self.eval_problems, self.eval_prompts, self.sampling.max_new_tokens,
-                              samples=self.eval_samples, temperature=self.sampling.temperature, seed=self.seed)
+                              samples=self.eval_samples, temperature=self.sampling.temperature, seed=self.seed,
+                              env=self.env)
 
 
 @dataclass
@@ -86,7 +102,7 @@ class LocalRewardScorer:
 
 
 class ScoredDuringRollout:
-    """The reward role when the generator refills uninformative groups: it scored every episode already."""
+    """The reward role when rollouts come back rewarded (refills, or an environment's episodes)."""
 
     def score(self, step: int, groups: list[Group]) -> Batch:
         return groups, {}

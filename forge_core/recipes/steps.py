@@ -19,6 +19,8 @@ from forge_core.advantages import (
     filter_informative_groups,
 )
 from forge_core.data.problems import Problem
+from forge_core.envs.base import EnvConfig
+from forge_core.envs.episodes import env_metrics, sample_env_groups
 from forge_core.generation import SamplingParams, TorchGenerator
 from forge_core.protocols import Batch
 from forge_core.rewards import CombinedReward, MathReward
@@ -36,9 +38,14 @@ def sample_prompt_indices(num_problems: int, k: int, seed: int, step: int) -> li
 
 
 def rollout(generator: TorchGenerator, problems: Sequence[Problem], prompts: Sequence[str], group_size: int,
-            seed: int, params: SamplingParams | None = None, prompt_keys: Sequence[int] | None = None) -> list[Group]:
+            seed: int, params: SamplingParams | None = None, prompt_keys: Sequence[int] | None = None,
+            env: EnvConfig | None = None) -> list[Group]:
     """Sample `group_size` completions for each prompt; one Group per problem. Prompt i is seeded with
-    seed + prompt_keys[i] (default i): a replica given part of a step's prompts samples them as one generator would."""
+    seed + prompt_keys[i] (default i): a replica given part of a step's prompts samples them as one generator would.
+    With an `env` (env.name set): multi-turn episodes in that environment, rewarded by it (`prompts` unused: the
+    environment writes the opening messages)."""
+    if env is not None and env.enabled:
+        return sample_env_groups(generator, problems, group_size, seed, params or generator.params, env, prompt_keys)
     # token-in, token-out: each prompt is tokenized once; the generator samples from these ids and the trainer
     # trains on the same ids followed by the sampled ones (no text is re-tokenized in between)
     rows = generator.tokenize(list(prompts))
@@ -98,8 +105,8 @@ def score_rewards(groups: list[Group], reward: CombinedReward) -> dict[str, floa
 
 def reward_metrics(groups: list[Group], errors: float = 0.0) -> dict[str, float]:
     """reward/mean, reward/std, reward/errors and the mean of each reward function over the scored episodes (the
-    same numbers however the groups were split over reward workers)."""
-    episodes = [e for g in groups for e in g.episodes]
+    same numbers however the groups were split over reward workers; an episode's continuation samples once)."""
+    episodes = [e for g in groups for e in g.episodes if not e.continues]
     totals = [e.reward for e in episodes]
     per_fn: dict[str, list[float]] = {}
     for e in episodes:
@@ -166,6 +173,9 @@ def rollout_metrics(groups: list[Group], step: int, seconds: float) -> dict[str,
         "rollout/pinned_version_misses": float(sum("pinned_version_missed" in c.metadata for c in comps)),
     }
     metrics.update({f"rollout/staleness_{age}": ages.count(age) / len(ages) for age in sorted(set(ages))})
+    played = env_metrics([e for g in groups for e in g.episodes])
+    if played:  # multi-turn episodes: the environment rewarded them while they were played (no reward phase)
+        metrics.update({**played, **reward_metrics(groups)})
     return metrics
 
 
@@ -176,21 +186,32 @@ def pass_at_k(hits: Sequence[Sequence[bool]]) -> float:
 
 def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Sequence[str], max_new_tokens: int,
              judge=None, samples: int = 0, temperature: float = 1.0, seed: int = 0,
-             prompt_keys: Sequence[int] | None = None) -> dict[str, float]:
+             prompt_keys: Sequence[int] | None = None, env: EnvConfig | None = None) -> dict[str, float]:
     """Held-out greedy accuracy (judge = MathReward: 1.0 means correct); with samples > 0 also the mean
     sampled accuracy at `temperature`, a smoother signal than the greedy one, and pass@samples (prompt i seeded
-    with seed + prompt_keys[i], default i)."""
+    with seed + prompt_keys[i], default i). With an `env`: episodes in it, correct when their reward is >= 1, and
+    the greedy episodes' env/* figures as eval/turns_mean and eval/tool_calls_mean."""
     judge = judge or MathReward()
     start = time.perf_counter()
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    outs = generator.generate(list(prompts), n=1, seed=seed, params=greedy)
-    correct = [judge(p, o[0].text, prob.solution) >= 1.0 for p, o, prob in zip(prompts, outs, problems, strict=True)]
-    metrics = {"eval/accuracy": sum(correct) / len(correct)}
+    keys = None if prompt_keys is None else list(prompt_keys)
+    metrics: dict[str, float] = {}
+
+    def attempts(params: SamplingParams, n: int) -> list[list[bool]]:
+        if env is not None and env.enabled:
+            groups = sample_env_groups(generator, problems, n, seed, params, env, keys)
+            if n == 1:
+                played = env_metrics([e for g in groups for e in g.episodes])
+                metrics.update({"eval/turns_mean": played["env/turns_mean"],
+                                "eval/tool_calls_mean": played["env/tool_calls_mean"]})
+            return [[e.reward >= 1.0 for e in g.episodes if not e.continues] for g in groups]
+        outs = generator.generate(list(prompts), n=n, seed=seed, params=params, prompt_keys=keys)
+        return [[judge(p, c.text, prob.solution) >= 1.0 for c in o] for p, o, prob in zip(prompts, outs, problems,
+                                                                                          strict=True)]
+
+    correct = [h[0] for h in attempts(SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens), 1)]
+    metrics["eval/accuracy"] = sum(correct) / len(correct)
     if samples:
-        sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
-        outs = generator.generate(list(prompts), n=samples, seed=seed, params=sampled,
-                                  prompt_keys=None if prompt_keys is None else list(prompt_keys))
-        hits = [[judge(p, c.text, prob.solution) >= 1.0 for c in o] for p, o, prob in zip(prompts, outs, problems)]
+        hits = attempts(SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens), samples)
         metrics["eval/sampled_accuracy"] = sum(map(sum, hits)) / sum(map(len, hits))
         metrics[f"eval/pass_at_{samples}"] = pass_at_k(hits)
     metrics["timing/eval"] = time.perf_counter() - start

@@ -56,6 +56,9 @@ def episodes_to_train_inputs(episodes: list[Episode], pad_id: int) -> tuple[list
     mask = torch.zeros((b, t), dtype=torch.bool)
     old = torch.zeros((b, t))
     ref = torch.zeros((b, t)) if all(e.ref_logprobs is not None for e in episodes) else None
+    # multi-turn episodes: tokens an environment inserted are part of the row but never of the loss
+    masked = any(e.completion.loss_mask is not None for e in episodes)
+    keep = torch.zeros((b, t), dtype=torch.bool) if masked else None
     inputs = []
     for i, e in enumerate(episodes):
         ids = e.completion.token_ids
@@ -65,9 +68,13 @@ def episodes_to_train_inputs(episodes: list[Episode], pad_id: int) -> tuple[list
         old[i, :n] = torch.tensor(e.completion.logprobs)
         if ref is not None:
             ref[i, :n] = torch.tensor(e.ref_logprobs)
+        if keep is not None:
+            keep[i, :n] = torch.tensor(e.completion.loss_mask, dtype=torch.bool) if e.completion.loss_mask else True
         inputs.append({"tokens": torch.tensor(e.prompt_ids + ids, dtype=torch.long)})
     targets = {
         "response": response, "padding_mask": mask, "old_logprobs": old, "ref_logprobs": ref,
         "advantages": torch.tensor([e.advantage for e in episodes]),
     }
+    if keep is not None:
+        targets["loss_mask"] = keep
     return inputs, targets

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from forge_core.seeding import step_seed
 from forge_core.training.batching import episodes_to_train_inputs
 from forge_core.training.correction import RolloutCorrection, correct_rollout
+from forge_core.training.trainer import Trainer, loss_mask_of
 from forge_core.types import Episode
-
-if TYPE_CHECKING:
-    from forge_core.training.trainer import Trainer
 
 StepFn = Callable[[list[dict], dict], dict[str, float]]  # one optimizer step on (inputs, targets) -> its metrics
 SUMMARISED_MAX = ("clip_frac", "ratio_", "kl", "entropy", "grad_norm")  # keys that also get a `_max` over steps
@@ -81,12 +78,12 @@ def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stal
         targets = {**targets, "ref_logprobs": trainer.reference_logprobs(inputs, targets["padding_mask"])}
     behaviour = targets.get("old_logprobs")
     if behaviour is not None and needs_proximal(s.mini_batches, s.epochs, stale, correction):
-        mask = targets["padding_mask"].bool()
-        proximal = trainer.proximal_logprobs(inputs, mask).to(behaviour.device)
-        fix = correct_rollout(proximal, behaviour, mask, correction)
+        proximal = trainer.proximal_logprobs(inputs, targets["padding_mask"].bool()).to(behaviour.device)
+        # inserted (environment) tokens have no behaviour logprob: they never enter the correction or its metrics
+        fix = correct_rollout(proximal, behaviour, loss_mask_of(targets), correction)
         targets = {**targets, "old_logprobs": proximal}
         if correction.mode == "mis":
-            targets["loss_mask"] = fix.mask  # padding_mask still locates the response tokens
+            targets["loss_mask"] = fix.mask  # ⊆ the loss mask it was given; padding_mask still locates the response
         if fix.token_weights is not None:
             if not accepts_token_weights(trainer.loss_fn):
                 raise ValueError(f"rollout_correction.mode tis needs a loss whose forward takes token_weights; "

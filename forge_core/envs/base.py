@@ -1,0 +1,77 @@
+"""The environment contract: multi-turn episodes at the message level (an environment never sees tokens).
+
+    messages, tools = env.reset(task, seed)          # the conversation so far, the tools the model may call
+    result = env.step(assistant_message)             # StepResult(messages, reward, done, info)
+    ... until result.done; env.final_reward() is added to the per-turn rewards; env.close()
+
+Messages are chat dicts ({"role", "content"}); tool results come back as {"role": "tool", "name", "content"}. The
+token layer (forge_core/envs/episodes.py) owns the tokens: it renders the messages, generates the assistant turns
+and records which tokens the model generated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Message = dict[str, Any]
+
+# how an episode ended (env/status_* metrics); every episode ends with exactly one
+STATUSES = ("completed", "truncated_turns", "truncated_length", "parse_error", "unknown_tool", "timeout", "error")
+
+
+@dataclass
+class StepResult:
+    """What the environment answers to one assistant turn."""
+
+    messages: list[Message] = field(default_factory=list)  # added to the conversation (tool results, feedback)
+    reward: float | None = None  # this turn's reward, if the environment gives one
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)  # "status": one of STATUSES when done early; "tool_calls": n
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """One episode at a time; a new episode starts with reset."""
+
+    def reset(self, task: Any, seed: int) -> tuple[list[Message], list[dict]]:
+        """The opening messages of an episode on `task` (a Problem) and the tools' JSON schemas."""
+        ...
+
+    def step(self, message: Message) -> StepResult:
+        """React to the assistant's message; done=True ends the episode."""
+        ...
+
+    def final_reward(self) -> float:
+        """The reward of the whole episode, added to the per-turn rewards (0.0 when all reward is per turn)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class EnvConfig:
+    """Config section `env`: the environment multi-turn rollouts run in (name empty: single-turn prompts and the
+    `rewards:` functions, as before)."""
+
+    name: str = ""  # calculator | guess | openenv | module.path:Class (listed under plugins:)
+    max_turns: int = 4  # assistant turns per episode
+    max_tokens: int = 256  # tokens of an episode after its first prompt (generated and inserted)
+    step_timeout_s: float = 10.0  # one env.step longer than this ends the episode as `timeout`
+    options: dict[str, Any] = field(default_factory=dict)  # the environment's constructor arguments
+
+    def check(self, where: str = "env") -> None:
+        """ValueError naming the key and the fix."""
+        if self.max_turns < 1:
+            raise ValueError(f"{where}.max_turns must be >= 1, got {self.max_turns}")
+        if self.max_tokens < 1:
+            raise ValueError(f"{where}.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.step_timeout_s <= 0:
+            raise ValueError(f"{where}.step_timeout_s must be > 0 seconds, got {self.step_timeout_s}")
+        if not isinstance(self.options, dict):
+            raise ValueError(f"{where}.options must be a mapping of the environment's arguments, got "
+                             f"{self.options!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.name)

@@ -1,0 +1,72 @@
+"""`calculator`: arithmetic questions the model answers with the help of a `calculate` tool.
+
+    user:      What is 47*38?
+    assistant: <tool_call>{"name":"calculate","arguments":{"expression":"47*38"}}</tool_call>
+    tool:      1786
+    assistant: #### 1786                                  → reward 1.0 when the number is the product
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+
+from forge_core.envs.base import Message
+from forge_core.envs.tool_calls import tool_schema
+from forge_core.envs.tools import ToolEnvironment, ToolError, answer_matches
+
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+             ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+MAX_ABS = 10**12  # larger intermediate values are refused (no `9**9**9` through multiplication chains)
+
+
+def evaluate_arithmetic(expression: str) -> float | int:
+    """The value of an expression of numbers, + - * / // % and parentheses; ToolError otherwise (never eval)."""
+    if not isinstance(expression, str) or len(expression) > 200:
+        raise ToolError("expression must be a string of at most 200 characters")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ToolError(f"cannot parse {expression!r}") from exc
+
+    def value(node: ast.AST) -> float | int:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            v = value(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+            left, right = value(node.left), value(node.right)
+            try:
+                out = OPERATORS[type(node.op)](left, right)
+            except ZeroDivisionError as exc:
+                raise ToolError("division by zero") from exc
+            if abs(out) > MAX_ABS:
+                raise ToolError(f"result exceeds {MAX_ABS:.0e}")
+            return out
+        raise ToolError(f"only numbers, + - * / // % and parentheses are allowed in {expression!r}")
+
+    return value(tree.body)
+
+
+def calculate(expression: str) -> str:
+    """The `calculate` tool: the value as text (integers without a decimal point)."""
+    out = evaluate_arithmetic(expression)
+    return str(int(out)) if float(out).is_integer() else f"{out:.6g}"
+
+
+class CalculatorEnvironment(ToolEnvironment):
+    """A Problem's question; reward 1.0 when the final answer's number equals its target."""
+
+    tools = {"calculate": calculate}
+    schemas = [tool_schema("calculate", "Evaluate an arithmetic expression", {"expression": "e.g. 47*38"})]
+
+    def __init__(self, system_prompt: str = ""):
+        self.system_prompt = system_prompt
+
+    def opening(self, task, seed: int) -> list[Message]:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return system + [{"role": "user", "content": task.question}]
+
+    def answer(self, text: str) -> float:
+        return 1.0 if answer_matches(text, self.task.target) else 0.0

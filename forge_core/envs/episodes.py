@@ -1,0 +1,261 @@
+"""The token layer of multi-turn episodes: token-in, token-out across turns.
+
+Each turn's prompt is the previous turn's ids, plus the ids the model generated, plus the ids of the messages the
+environment added, rendered by the chat template and tokenized alone: earlier turns are never tokenized again.
+A training sample is the first prompt followed by every later token; its loss mask is 1 exactly on the tokens the
+model generated. When the chat template renders the conversation so that it no longer starts with what the model
+saw (a template that rewrites earlier turns), the episode starts a new sample from the whole conversation, counted
+in env/prefix_breaks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from forge_core.envs.base import STATUSES, EnvConfig, Environment, Message, StepResult
+from forge_core.generation.sampling import SamplingParams
+from forge_core.types import Completion, Episode, Group
+
+log = logging.getLogger(__name__)
+
+
+class ChatRenderer:
+    """Messages → text with the tokenizer's chat template (plain `role: content` lines without one) and text → ids
+    without special tokens added (the deltas between turns)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.templated = bool(getattr(tokenizer, "chat_template", None))
+
+    def render(self, messages: list[Message], tools: list[dict], add_generation_prompt: bool) -> str:
+        if self.templated:
+            return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt)
+        end = self.tokenizer.eos_token or ""
+        text = "".join(f"{m['role']}: {m.get('content', '')}{end}\n" for m in messages)
+        return text + ("assistant: " if add_generation_prompt else "")
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, no special tokens added (as TorchGenerator.tokenize does for prompts)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The exact text of ids (special tokens kept): what the template must reproduce for a prefix to hold."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+@dataclass
+class Sample:
+    """One training row of an episode: its prompt, then every later token, with the generated ones marked."""
+
+    prompt_text: str
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def extend(self, ids: Sequence[int], generated: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.ids += list(ids)
+        self.mask += [int(generated)] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+
+
+@dataclass
+class EpisodeRun:
+    """One episode in flight: its environment, conversation, samples and counters."""
+
+    env: Environment
+    task: Any
+    key: int  # sampling stream of this episode (distinct within a step)
+    messages: list[Message]
+    tools: list[dict]
+    samples: list[Sample]
+    text: str  # the rendered conversation the current sample's ids stand for
+    status: str = ""  # set when the episode ends (one of STATUSES)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    reward: float = 0.0
+    turn_versions: list[int] = field(default_factory=list)
+    conversation: list[dict] = field(default_factory=list)  # messages with `generated` marks, for samples views
+
+    @property
+    def done(self) -> bool:
+        return bool(self.status)
+
+    @property
+    def sample(self) -> Sample:
+        return self.samples[-1]
+
+
+def call_with_timeout(fn, timeout_s: float, *args):
+    """fn(*args) in a daemon thread; TimeoutError when it takes longer (the thread is left behind, never joined:
+    a hung environment cannot be interrupted from Python, only abandoned)."""
+    box: dict[str, Any] = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which ends the episode with it
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True, name="env-step")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"env.step took longer than env.step_timeout_s = {timeout_s} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def start_episode(env: Environment, task: Any, env_seed: int, key: int, renderer: ChatRenderer,
+                  config: EnvConfig) -> EpisodeRun:
+    """Reset the environment and render its opening messages as the first prompt."""
+    messages, tools = call_with_timeout(env.reset, config.step_timeout_s, task, env_seed)
+    text = renderer.render(messages, tools, add_generation_prompt=True)
+    run = EpisodeRun(env, task, key, list(messages), list(tools or []), [Sample(text, renderer.encode(text))], text)
+    run.conversation = [{**m, "generated": False} for m in messages]
+    return run
+
+
+def play_turn(run: EpisodeRun, completion: Completion, renderer: ChatRenderer, config: EnvConfig,
+              end_ids: Sequence[int]) -> None:
+    """Record one generated turn, let the environment answer, and extend (or end) the episode."""
+    ids, logprobs = list(completion.token_ids), list(completion.logprobs)
+    budget = config.max_tokens - len(run.sample.ids)
+    cut = len(ids) > budget
+    ids, logprobs = ids[:budget], logprobs[:budget]
+    run.sample.extend(ids, True, logprobs)
+    run.turns += 1
+    run.turn_versions.append(completion.policy_version)
+    ended = bool(ids) and ids[-1] in end_ids and not cut
+    content = renderer.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
+    message = {"role": "assistant", "content": content}
+    run.messages.append(message)
+    run.conversation.append({**message, "generated": True})
+    if not ended:
+        run.status = "truncated_length"
+        return
+    try:
+        result: StepResult = call_with_timeout(run.env.step, config.step_timeout_s, message)
+    except TimeoutError:
+        run.status = "timeout"
+        return
+    except Exception as exc:  # noqa: BLE001 - any failure of user environment code ends this episode, not the run
+        log.warning("environment step failed (episode ends as error): %s: %s", type(exc).__name__, exc)
+        run.status = "error"
+        return
+    run.reward += float(result.reward or 0.0)
+    run.tool_calls += int(result.info.get("tool_calls", 0))
+    run.tool_errors += int(result.info.get("tool_errors", 0))
+    if result.done:
+        status = result.info.get("status", "completed")
+        run.status = status if status in STATUSES else "completed"
+        return
+    if run.turns >= config.max_turns:
+        run.status = "truncated_turns"
+        return
+    bridge(run, ids, list(result.messages), renderer, config)
+
+
+def bridge(run: EpisodeRun, generated: list[int], new: list[Message], renderer: ChatRenderer,
+           config: EnvConfig) -> None:
+    """Append the environment's messages to the current sample as ids (mask 0), or start a new sample when the
+    template no longer extends what the model saw (its last prompt, then the `generated` ids)."""
+    seen = run.text + renderer.decode(generated)
+    run.messages += new
+    run.conversation += [{**m, "generated": False} for m in new]
+    full = renderer.render(run.messages, run.tools, add_generation_prompt=True)
+    if full.startswith(seen):
+        delta = renderer.encode(full[len(seen):])
+        if len(run.sample.ids) + len(delta) >= config.max_tokens:
+            run.status = "truncated_length"
+            return
+        run.sample.extend(delta, False)
+        run.text = full
+        return
+    # the template rewrote an earlier turn: the conversation so far becomes the prompt of a new sample
+    run.samples.append(Sample(full, renderer.encode(full)))
+    run.text = full
+
+
+def finish_episode(run: EpisodeRun, target: str) -> list[Episode]:
+    """The episode's training samples (the first carries the episode; later ones have `continues`)."""
+    run.reward += float(run.env.final_reward()) if run.status not in ("timeout", "error") else 0.0
+    try:
+        run.env.close()
+    except Exception as exc:  # noqa: BLE001 - closing a broken environment must not end the run
+        log.warning("environment close failed: %s", exc)
+    episodes = []
+    for i, s in enumerate(run.samples):
+        meta = {"status": run.status, "turns": run.turns, "tool_calls": run.tool_calls,
+                "tool_errors": run.tool_errors, "turn_versions": list(run.turn_versions),
+                "samples": len(run.samples), "conversation": run.conversation if i == 0 else []}
+        completion = Completion(text="", token_ids=s.ids, logprobs=s.logprobs, metadata=meta,
+                                policy_version=min(run.turn_versions, default=0),
+                                stop_reason="eos" if run.status == "completed" else "length", loss_mask=s.mask)
+        episodes.append(Episode(s.prompt_text, target, s.prompt_ids, completion, reward=run.reward, continues=i > 0))
+    return episodes
+
+
+def run_episodes(generator, runs: list[EpisodeRun], params: SamplingParams, seed: int, config: EnvConfig,
+                 renderer: ChatRenderer) -> None:
+    """Play every episode to its end: each turn samples the next assistant message of all unfinished episodes in
+    one batch (episode i's stream: seed + turn salt, key i), then each environment answers it."""
+    end_ids = list(generator.end_ids)
+    for turn in range(config.max_turns):
+        live = [r for r in runs if not r.done]
+        if not live:
+            break
+        room = max(config.max_tokens - len(r.sample.ids) for r in live)
+        turn_params = replace(params, max_new_tokens=max(1, min(params.max_new_tokens, room)))
+        rows = [r.sample.prompt_ids + r.sample.ids for r in live]
+        completions = generator.generate([r.text for r in live], n=1, seed=(seed + 1_000_033 * turn) % (2**31 - 1),
+                                         params=turn_params, prompt_keys=[r.key for r in live], prompt_ids=rows)
+        for run, (completion,) in zip(live, completions, strict=True):
+            play_turn(run, completion, renderer, config, end_ids)
+    for r in runs:
+        if not r.done:
+            r.status = "truncated_turns"
+
+
+def sample_env_groups(generator, problems: Sequence[Any], group_size: int, seed: int, params: SamplingParams,
+                      config: EnvConfig, prompt_keys: Sequence[int] | None = None) -> list[Group]:
+    """`group_size` episodes of `config`'s environment per problem, played in one batch; episode j of the problem
+    with key k samples from stream k * group_size + j and every episode of a group resets with the same seed, so a
+    group compares G attempts at one task (whichever replica plays it)."""
+    from forge_core.envs import make_environment  # the registry imports this module
+
+    renderer = ChatRenderer(generator.tokenizer)
+    keys = list(range(len(problems))) if prompt_keys is None else list(prompt_keys)
+    runs = [start_episode(make_environment(config), problem, (seed + key) % (2**31 - 1), key * group_size + j,
+                          renderer, config)
+            for problem, key in zip(problems, keys, strict=True) for j in range(group_size)]
+    run_episodes(generator, runs, params, seed, config, renderer)
+    groups = []
+    for p, problem in enumerate(problems):
+        episodes = [e for r in runs[p * group_size:(p + 1) * group_size] for e in finish_episode(r, problem.target)]
+        groups.append(Group(episodes[0].prompt, problem.target, episodes, question=problem.question))
+    return groups
+
+
+def env_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """env/turns_mean, env/tool_calls_mean, env/tool_errors, env/prefix_breaks and env/status_<s> (fractions) over
+    the episodes (continuation samples counted once, as their episode)."""
+    heads = [e for e in episodes if not e.continues and "status" in e.completion.metadata]
+    if not heads:
+        return {}
+    n = len(heads)
+    meta = [e.completion.metadata for e in heads]
+    out = {"env/turns_mean": sum(m["turns"] for m in meta) / n,
+           "env/tool_calls_mean": sum(m["tool_calls"] for m in meta) / n,
+           "env/tool_errors": float(sum(m["tool_errors"] for m in meta)),
+           "env/prefix_breaks": float(sum(m["samples"] - 1 for m in meta))}
+    for status in STATUSES:
+        out[f"env/status_{status}"] = sum(m["status"] == status for m in meta) / n
+    return out

@@ -1,0 +1,171 @@
+"""Environments and the multi-turn token layer: ids, loss masks, statuses, prefix breaks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from forge_core.data.problems import Problem
+from forge_core.envs import CalculatorEnvironment, EnvConfig, GuessEnvironment, StepResult
+from forge_core.envs.calculator import calculate, evaluate_arithmetic
+from forge_core.envs.episodes import ChatRenderer, env_metrics, finish_episode, run_episodes, start_episode
+from forge_core.envs.tool_calls import ToolCallError, format_tool_call, parse_tool_calls
+from forge_core.envs.tools import ToolError
+from forge_core.models.tokenizer import build_char_tokenizer, end_token_ids
+from forge_core.types import Completion
+
+TOK = build_char_tokenizer()
+END = TOK.convert_tokens_to_ids("<|im_end|>")
+PRODUCT = Problem("What is 47*38?", "47*38=1786\n#### 1786", "1786")
+
+
+class ScriptedPolicy:
+    """A stand-in for the generator in token-layer tests: episode `key` answers its turns from a script (text), so
+    the test knows exactly which ids the model generated."""
+
+    def __init__(self, scripts: dict[int, list[str]], version: int = 3):
+        self.scripts, self.version = scripts, version
+        self.end_ids = end_token_ids(TOK, None)
+        self.seen_prompts: dict[int, list[list[int]]] = {}
+
+    def generate(self, prompts, n, seed, params, prompt_keys, prompt_ids):
+        out = []
+        for key, row in zip(prompt_keys, prompt_ids, strict=True):
+            turns = self.seen_prompts.setdefault(key, [])
+            turns.append(list(row))
+            text = self.scripts[key][len(turns) - 1]
+            ids = TOK(text, add_special_tokens=False)["input_ids"] + [END]
+            ids = ids[:params.max_new_tokens]
+            out.append([Completion(text, ids, [-0.5] * len(ids), policy_version=self.version,
+                                   stop_reason="eos" if ids[-1] == END else "length")])
+        return out
+
+
+def play(envs, scripts, config=None, tasks=None, tokenizer=TOK):
+    config = config or EnvConfig(name="calculator", max_turns=4, max_tokens=400, step_timeout_s=0.5)
+    renderer = ChatRenderer(tokenizer)
+    runs = [start_episode(env, (tasks or [PRODUCT] * len(envs))[i], 7, i, renderer, config)
+            for i, env in enumerate(envs)]
+    policy = ScriptedPolicy(scripts)
+    from forge_core.generation.sampling import SamplingParams
+    run_episodes(policy, runs, SamplingParams(max_new_tokens=80), seed=11, config=config, renderer=renderer)
+    return runs, policy, [e for r in runs for e in finish_episode(r, PRODUCT.target)]
+
+
+CALL = format_tool_call("calculate", expression="47*38")
+
+
+def test_tool_calls_parse_and_refuse_malformed_json_or_open_tags():
+    assert parse_tool_calls(f"let me compute {CALL}")[0].arguments == {"expression": "47*38"}
+    assert parse_tool_calls("#### 1786") == []
+    with pytest.raises(ToolCallError, match="not JSON"):
+        parse_tool_calls('<tool_call>{"name": "calculate", </tool_call>')
+    with pytest.raises(ToolCallError, match="not closed"):
+        parse_tool_calls('<tool_call>{"name": "calculate"}')
+
+
+def test_calculator_evaluates_arithmetic_and_never_runs_code():
+    assert calculate("47*38") == "1786" and calculate("(3+4)/2") == "3.5"
+    for hostile in ("__import__('os').system('true')", "open('/etc/passwd')", "2**10", "9" * 300):
+        with pytest.raises(ToolError):
+            evaluate_arithmetic(hostile)
+    with pytest.raises(ToolError, match="division by zero"):
+        evaluate_arithmetic("1/0")
+
+
+def test_episode_ids_are_the_generated_and_inserted_ids_and_the_mask_marks_exactly_the_generated():
+    runs, policy, episodes = play([CalculatorEnvironment()], {0: [CALL, "#### 1786"]})
+    (episode,) = episodes
+    comp = episode.completion
+    assert episode.reward == 1.0 and comp.metadata["status"] == "completed" and comp.metadata["turns"] == 2
+    # the second turn was sampled from exactly the first prompt + what was generated + what the env inserted
+    first, second = policy.seen_prompts[0]
+    assert first == episode.prompt_ids
+    gen1 = TOK(CALL, add_special_tokens=False)["input_ids"] + [END]
+    inserted = second[len(first) + len(gen1):]
+    gen2 = TOK("#### 1786", add_special_tokens=False)["input_ids"] + [END]
+    assert second[:len(first) + len(gen1)] == first + gen1
+    assert comp.token_ids == gen1 + inserted + gen2
+    assert comp.loss_mask == [1] * len(gen1) + [0] * len(inserted) + [1] * len(gen2)
+    assert TOK.decode(inserted) == "\n<|im_start|>tool\n1786<|im_end|>\n<|im_start|>assistant\n"
+    assert comp.logprobs == [-0.5] * len(gen1) + [0.0] * len(inserted) + [-0.5] * len(gen2)
+    assert comp.metadata["turn_versions"] == [3, 3] and comp.policy_version == 3
+    # the whole conversation rendered and tokenized at once gives the same ids (the char tokenizer is context-free)
+    rendered = TOK.apply_chat_template(runs[0].messages, tokenize=False)
+    assert TOK(rendered, add_special_tokens=False)["input_ids"][:-1] == episode.prompt_ids + comp.token_ids
+    roles = [(m["role"], m["generated"]) for m in comp.metadata["conversation"]]
+    assert roles == [("user", False), ("assistant", True), ("tool", False), ("assistant", True)]
+
+
+class CrashingEnv(CalculatorEnvironment):
+    def step(self, message):
+        raise RuntimeError("the environment broke")
+
+
+class HangingEnv(CalculatorEnvironment):
+    def step(self, message):
+        time.sleep(5)
+        return StepResult(done=True)
+
+
+def test_each_failure_ends_its_own_episode_with_its_status_and_the_others_complete():
+    envs = [CrashingEnv(), HangingEnv(), CalculatorEnvironment(), CalculatorEnvironment(), CalculatorEnvironment(),
+            CalculatorEnvironment()]
+    scripts = {0: [CALL], 1: [CALL], 2: ['<tool_call>{"name": "calculate", "arguments": </tool_call>'],
+               3: [format_tool_call("search", query="x")], 4: [CALL] * 4, 5: [CALL, "#### 1786"]}
+    t0 = time.perf_counter()
+    runs, _, episodes = play(envs, scripts, EnvConfig(name="calculator", max_turns=3, max_tokens=800,
+                                                      step_timeout_s=0.3))
+    statuses = [e.completion.metadata["status"] for e in episodes]
+    assert statuses == ["error", "timeout", "parse_error", "unknown_tool", "truncated_turns", "completed"]
+    assert [e.reward for e in episodes] == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert time.perf_counter() - t0 < 5  # the hung step was abandoned, not waited for
+    metrics = env_metrics(episodes)
+    assert metrics["env/status_completed"] == pytest.approx(1 / 6)
+    assert metrics["env/status_truncated_turns"] == pytest.approx(1 / 6)
+    # tool calls are counted by the environment that ran them: none for the crash, the hang and the parse error
+    assert metrics["env/tool_calls_mean"] == pytest.approx((0 + 0 + 0 + 1 + 3 + 1) / 6)
+    assert metrics["env/turns_mean"] == pytest.approx((1 + 1 + 1 + 1 + 3 + 2) / 6)
+
+
+def test_a_tool_error_goes_back_to_the_model_and_is_counted():
+    bad = format_tool_call("calculate", expression="1/0")
+    _, _, (episode,) = play([CalculatorEnvironment()], {0: [bad, "#### 1786"]})
+    meta = episode.completion.metadata
+    assert meta["status"] == "completed" and meta["tool_errors"] == 1
+    assert meta["conversation"][2]["content"] == "error: division by zero"
+    assert env_metrics([episode])["env/tool_errors"] == 1.0
+
+
+def test_the_token_budget_truncates_an_episode():
+    config = EnvConfig(name="calculator", max_turns=4, max_tokens=30, step_timeout_s=1)
+    _, _, (episode,) = play([CalculatorEnvironment()], {0: [CALL]}, config)
+    assert episode.completion.metadata["status"] == "truncated_length"
+    assert len(episode.completion.token_ids) <= 30 and all(episode.completion.loss_mask)
+
+
+def test_a_template_that_rewrites_earlier_turns_starts_a_new_sample():
+    tok = build_char_tokenizer()
+    # drops the content of every assistant turn but the last: the next prompt no longer extends what was sampled
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' and not loop.last %}…{% else %}{{ m['content'] }}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    _, _, episodes = play([CalculatorEnvironment()], {0: [CALL, "#### 1786"]}, tokenizer=tok)
+    first, second = episodes
+    assert not first.continues and second.continues
+    assert all(first.completion.loss_mask) and all(second.completion.loss_mask)  # nothing inserted in either
+    assert "<|im_start|>tool\n1786" in second.prompt and second.reward == first.reward == 1.0
+    assert env_metrics(episodes)["env/prefix_breaks"] == 1.0
+
+
+def test_guess_gives_feedback_until_the_number_is_found():
+    env = GuessEnvironment(low=1, high=8)
+    messages, tools = env.reset(Problem("g", "", ""), seed=3)
+    assert tools == [] and "between 1 and 8" in messages[0]["content"]
+    answers = [env.step({"role": "assistant", "content": str(g)}) for g in range(1, 9)]
+    hits = [i for i, a in enumerate(answers) if a.done]
+    assert hits == [env.secret - 1]
+    assert all(a.messages[0]["content"] == "higher" for a in answers[:env.secret - 1])
+    assert env.final_reward() == 1.0
