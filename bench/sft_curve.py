@@ -50,7 +50,8 @@ def main() -> None:
     def on_step(step, metrics):
         if (step + 1) % args.every == 0 or step + 1 == cfg.sft.steps:
             held_out = evaluate(generator, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens,
-                                samples=cfg.eval.samples, temperature=cfg.generator.temperature, seed=cfg.seed)
+                                samples=cfg.eval.samples, temperature=cfg.generator.temperature, seed=cfg.seed,
+                                env=cfg.env)
             model.train()
             held_out.pop("timing/eval")
             curve.append({"step": step + 1, **held_out, "loss/loss": metrics["loss"], "lr": metrics["lr"]})

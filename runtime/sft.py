@@ -12,7 +12,8 @@ from forge_core.data.teacher import teach
 from forge_core.losses import get_loss
 from forge_core.models import save_model_and_tokenizer
 from forge_core.models.lora import plain_model
-from forge_core.recipes.sft import make_sft_examples, run_sft
+from forge_core.models.tokenizer import end_token_ids
+from forge_core.recipes.sft import make_env_sft_examples, make_sft_examples, run_sft
 from forge_core.training import Trainer
 from infra import components as C
 from infra.config import RunConfig
@@ -42,9 +43,12 @@ def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool, report: Step
     training split's answers, with a progress bar; `report(step, metrics)` after each (step 0-based)."""
     # RL with verifiable rewards as used in practice: SFT on a small labelled subset, RL on every prompt
     n = cfg.sft.examples or len(splits.train)
-    # drop_carry 0: the true answers
-    demonstrations = teach(splits.train[:n], cfg.sft.drop_carry, cfg.dataset.seed, cfg.dataset.solution)
-    examples = make_sft_examples(demonstrations, splits.train_prompts[:n], tok, cfg.sft.response)
+    if cfg.env.enabled:  # demonstrated episodes in the run's environment, through the multi-turn token layer
+        examples = make_env_sft_examples(splits.train[:n], cfg.env, tok, end_token_ids(tok, None), cfg.sft.tool_use,
+                                         cfg.dataset.seed)
+    else:  # drop_carry 0: the true answers
+        demonstrations = teach(splits.train[:n], cfg.sft.drop_carry, cfg.dataset.seed, cfg.dataset.solution)
+        examples = make_sft_examples(demonstrations, splits.train_prompts[:n], tok, cfg.sft.response)
     bar = tqdm(total=cfg.sft.steps, desc="sft", disable=not show, dynamic_ncols=True)
 
     def on_step(step, metrics):

@@ -12,7 +12,7 @@ import ast
 import operator
 
 from forge_core.envs.base import Message
-from forge_core.envs.tool_calls import tool_schema
+from forge_core.envs.tool_calls import format_tool_call, tool_schema
 from forge_core.envs.tools import ToolEnvironment, ToolError, answer_matches
 
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -56,13 +56,14 @@ def calculate(expression: str) -> str:
 
 
 class CalculatorEnvironment(ToolEnvironment):
-    """A Problem's question; reward 1.0 when the final answer's number equals its target."""
+    """A Problem's question; reward 1.0 when the final answer's number equals its target. `allow_tools: false`
+    takes the tool away (a call ends the episode as unknown_tool): the same model answering alone."""
 
-    tools = {"calculate": calculate}
     schemas = [tool_schema("calculate", "Evaluate an arithmetic expression", {"expression": "e.g. 47*38"})]
 
-    def __init__(self, system_prompt: str = ""):
+    def __init__(self, system_prompt: str = "", allow_tools: bool = True):
         self.system_prompt = system_prompt
+        self.tools = {"calculate": calculate} if allow_tools else {}
 
     def opening(self, task, seed: int) -> list[Message]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -70,3 +71,10 @@ class CalculatorEnvironment(ToolEnvironment):
 
     def answer(self, text: str) -> float:
         return 1.0 if answer_matches(text, self.task.target) else 0.0
+
+    def demonstrate(self, task, use_tools: bool) -> list[str]:
+        """A teacher's assistant turns for `task` (an arith Problem, solution '<expr>=<value>…'): the tool call then
+        the answer, or the answer alone."""
+        expression = task.solution.split("=", 1)[0].strip()
+        answer = f"#### {task.target}"
+        return [format_tool_call("calculate", expression=expression), answer] if use_tools else [answer]

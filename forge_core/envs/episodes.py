@@ -11,12 +11,12 @@ in env/prefix_breaks.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from forge_core.envs.base import STATUSES, EnvConfig, Environment, Message, StepResult
+from forge_core.envs.base import STATUSES, EnvConfig, Message, StepResult
+from forge_core.envs.runner import LocalEnvs
 from forge_core.generation.sampling import SamplingParams
 from forge_core.types import Completion, Episode, Group
 
@@ -43,6 +43,16 @@ class ChatRenderer:
         """Token ids of text, no special tokens added (as TorchGenerator.tokenize does for prompts)."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def end_of_turn(self, end_ids: Sequence[int]) -> int:
+        """The id among `end_ids` that closes an assistant message in this template (what a demonstration ends
+        its turns with, so that the rendered conversation extends it)."""
+        marker = "\u2063"  # a character no template adds
+        text = self.render([{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}], [], False)
+        for token in end_ids:
+            if text.split(marker, 1)[-1].startswith(self.decode([token])):
+                return token
+        return end_ids[0]
+
     def decode(self, ids: Sequence[int]) -> str:
         """The exact text of ids (special tokens kept): what the template must reproduce for a prefix to hold."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -68,7 +78,6 @@ class Sample:
 class EpisodeRun:
     """One episode in flight: its environment, conversation, samples and counters."""
 
-    env: Environment
     task: Any
     key: int  # sampling stream of this episode (distinct within a step)
     messages: list[Message]
@@ -92,40 +101,21 @@ class EpisodeRun:
         return self.samples[-1]
 
 
-def call_with_timeout(fn, timeout_s: float, *args):
-    """fn(*args) in a daemon thread; TimeoutError when it takes longer (the thread is left behind, never joined:
-    a hung environment cannot be interrupted from Python, only abandoned)."""
-    box: dict[str, Any] = {}
-
-    def run():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which ends the episode with it
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True, name="env-step")
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise TimeoutError(f"env.step took longer than env.step_timeout_s = {timeout_s} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+def start_episodes(items: list[tuple[Any, int, int]], envs, renderer: ChatRenderer) -> list[EpisodeRun]:
+    """Reset one environment per (task, env seed, key) and render each opening as the episode's first prompt."""
+    openings = envs.reset([(key, task, seed) for task, seed, key in items])
+    runs = []
+    for (task, _, key), (messages, tools) in zip(items, openings, strict=True):
+        text = renderer.render(messages, tools, add_generation_prompt=True)
+        run = EpisodeRun(task, key, list(messages), list(tools), [Sample(text, renderer.encode(text))], text)
+        run.conversation = [{**m, "generated": False} for m in messages]
+        runs.append(run)
+    return runs
 
 
-def start_episode(env: Environment, task: Any, env_seed: int, key: int, renderer: ChatRenderer,
-                  config: EnvConfig) -> EpisodeRun:
-    """Reset the environment and render its opening messages as the first prompt."""
-    messages, tools = call_with_timeout(env.reset, config.step_timeout_s, task, env_seed)
-    text = renderer.render(messages, tools, add_generation_prompt=True)
-    run = EpisodeRun(env, task, key, list(messages), list(tools or []), [Sample(text, renderer.encode(text))], text)
-    run.conversation = [{**m, "generated": False} for m in messages]
-    return run
-
-
-def play_turn(run: EpisodeRun, completion: Completion, renderer: ChatRenderer, config: EnvConfig,
-              end_ids: Sequence[int]) -> None:
-    """Record one generated turn, let the environment answer, and extend (or end) the episode."""
+def record_turn(run: EpisodeRun, completion: Completion, renderer: ChatRenderer, config: EnvConfig,
+                end_ids: Sequence[int]) -> list[int] | None:
+    """Add one generated turn to the episode; its ids, or None when it ended the episode (cut by a token limit)."""
     ids, logprobs = list(completion.token_ids), list(completion.logprobs)
     budget = config.max_tokens - len(run.sample.ids)
     cut = len(ids) > budget
@@ -140,16 +130,14 @@ def play_turn(run: EpisodeRun, completion: Completion, renderer: ChatRenderer, c
     run.conversation.append({**message, "generated": True})
     if not ended:
         run.status = "truncated_length"
-        return
-    try:
-        result: StepResult = call_with_timeout(run.env.step, config.step_timeout_s, message)
-    except TimeoutError:
-        run.status = "timeout"
-        return
-    except Exception as exc:  # noqa: BLE001 - any failure of user environment code ends this episode, not the run
-        log.warning("environment step failed (episode ends as error): %s: %s", type(exc).__name__, exc)
-        run.status = "error"
-        return
+        return None
+    return ids
+
+
+def apply_result(run: EpisodeRun, result: StepResult, generated: list[int], renderer: ChatRenderer,
+                 config: EnvConfig) -> None:
+    """The environment's answer to the turn: its reward and counts, then the end of the episode or its next
+    prompt."""
     run.reward += float(result.reward or 0.0)
     run.tool_calls += int(result.info.get("tool_calls", 0))
     run.tool_errors += int(result.info.get("tool_errors", 0))
@@ -160,7 +148,7 @@ def play_turn(run: EpisodeRun, completion: Completion, renderer: ChatRenderer, c
     if run.turns >= config.max_turns:
         run.status = "truncated_turns"
         return
-    bridge(run, ids, list(result.messages), renderer, config)
+    bridge(run, generated, list(result.messages), renderer, config)
 
 
 def bridge(run: EpisodeRun, generated: list[int], new: list[Message], renderer: ChatRenderer,
@@ -184,29 +172,33 @@ def bridge(run: EpisodeRun, generated: list[int], new: list[Message], renderer: 
     run.text = full
 
 
-def finish_episode(run: EpisodeRun, target: str) -> list[Episode]:
+def finish_episode(run: EpisodeRun, target: str, final_reward: float) -> list[Episode]:
     """The episode's training samples (the first carries the episode; later ones have `continues`)."""
-    run.reward += float(run.env.final_reward()) if run.status not in ("timeout", "error") else 0.0
-    try:
-        run.env.close()
-    except Exception as exc:  # noqa: BLE001 - closing a broken environment must not end the run
-        log.warning("environment close failed: %s", exc)
+    run.reward += final_reward
     episodes = []
+    first = next((i for i, m in enumerate(run.conversation) if m["generated"]), len(run.conversation))
+    text = transcript(run.conversation[first:])  # after the opening messages, which the prompt shows
     for i, s in enumerate(run.samples):
         meta = {"status": run.status, "turns": run.turns, "tool_calls": run.tool_calls,
                 "tool_errors": run.tool_errors, "turn_versions": list(run.turn_versions),
                 "samples": len(run.samples), "conversation": run.conversation if i == 0 else []}
-        completion = Completion(text="", token_ids=s.ids, logprobs=s.logprobs, metadata=meta,
+        completion = Completion(text=text if i == 0 else "", token_ids=s.ids, logprobs=s.logprobs, metadata=meta,
                                 policy_version=min(run.turn_versions, default=0),
                                 stop_reason="eos" if run.status == "completed" else "length", loss_mask=s.mask)
         episodes.append(Episode(s.prompt_text, target, s.prompt_ids, completion, reward=run.reward, continues=i > 0))
     return episodes
 
 
-def run_episodes(generator, runs: list[EpisodeRun], params: SamplingParams, seed: int, config: EnvConfig,
+def transcript(conversation: list[dict]) -> str:
+    """The episode after its opening as people read it: the model's turns as written, what the environment
+    inserted (never trained on) in ⟦role: content⟧ marks."""
+    return "\n".join(m["content"] if m["generated"] else f"⟦{m['role']}: {m['content']}⟧" for m in conversation)
+
+
+def run_episodes(generator, envs, runs: list[EpisodeRun], params: SamplingParams, seed: int, config: EnvConfig,
                  renderer: ChatRenderer) -> None:
     """Play every episode to its end: each turn samples the next assistant message of all unfinished episodes in
-    one batch (episode i's stream: seed + turn salt, key i), then each environment answers it."""
+    one batch (episode i's stream: seed + turn salt, key i), then their environments answer them in one batch."""
     end_ids = list(generator.end_ids)
     for turn in range(config.max_turns):
         live = [r for r in runs if not r.done]
@@ -217,29 +209,55 @@ def run_episodes(generator, runs: list[EpisodeRun], params: SamplingParams, seed
         rows = [r.sample.prompt_ids + r.sample.ids for r in live]
         completions = generator.generate([r.text for r in live], n=1, seed=(seed + 1_000_033 * turn) % (2**31 - 1),
                                          params=turn_params, prompt_keys=[r.key for r in live], prompt_ids=rows)
-        for run, (completion,) in zip(live, completions, strict=True):
-            play_turn(run, completion, renderer, config, end_ids)
+        turns = [(run, record_turn(run, completion, renderer, config, end_ids))
+                 for run, (completion,) in zip(live, completions, strict=True)]
+        turns = [(run, ids) for run, ids in turns if ids is not None]
+        results = envs.step([(run.key, run.messages[-1]) for run, _ in turns]) if turns else []
+        for (run, ids), result in zip(turns, results, strict=True):
+            apply_result(run, result, ids, renderer, config)
     for r in runs:
         if not r.done:
             r.status = "truncated_turns"
 
 
+class ScriptedTurns:
+    """A generator that answers each episode's turns from a script (texts, one per turn, in episode-key order):
+    demonstrations played through the same token layer as the model's own episodes."""
+
+    def __init__(self, tokenizer, end_ids: Sequence[int], scripts: dict[int, list[str]], version: int = 0):
+        self.tokenizer, self.end_ids, self.scripts, self.version = tokenizer, list(end_ids), scripts, version
+        self.end_of_turn = ChatRenderer(tokenizer).end_of_turn(self.end_ids)
+        self.turns: dict[int, int] = {}
+
+    def generate(self, prompts, n=1, seed=None, params=None, prompt_keys=None, prompt_ids=None):
+        out = []
+        for key in prompt_keys:
+            turn = self.turns.get(key, 0)
+            self.turns[key] = turn + 1
+            text = self.scripts[key][turn] if turn < len(self.scripts[key]) else ""
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.end_of_turn]
+            out.append([Completion(text, ids, [0.0] * len(ids), policy_version=self.version, stop_reason="eos")])
+        return out
+
+
 def sample_env_groups(generator, problems: Sequence[Any], group_size: int, seed: int, params: SamplingParams,
-                      config: EnvConfig, prompt_keys: Sequence[int] | None = None) -> list[Group]:
+                      config: EnvConfig, prompt_keys: Sequence[int] | None = None, envs=None) -> list[Group]:
     """`group_size` episodes of `config`'s environment per problem, played in one batch; episode j of the problem
     with key k samples from stream k * group_size + j and every episode of a group resets with the same seed, so a
-    group compares G attempts at one task (whichever replica plays it)."""
-    from forge_core.envs import make_environment  # the registry imports this module
-
+    group compares G attempts at one task (whichever replica plays it). `envs`: where the environments run
+    (default: LocalEnvs, in this process)."""
+    envs = envs if envs is not None else LocalEnvs(config)
     renderer = ChatRenderer(generator.tokenizer)
     keys = list(range(len(problems))) if prompt_keys is None else list(prompt_keys)
-    runs = [start_episode(make_environment(config), problem, (seed + key) % (2**31 - 1), key * group_size + j,
-                          renderer, config)
-            for problem, key in zip(problems, keys, strict=True) for j in range(group_size)]
-    run_episodes(generator, runs, params, seed, config, renderer)
+    runs = start_episodes([(problem, (seed + key) % (2**31 - 1), key * group_size + j)
+                           for problem, key in zip(problems, keys, strict=True) for j in range(group_size)],
+                          envs, renderer)
+    run_episodes(generator, envs, runs, params, seed, config, renderer)
+    finals = envs.finish([r.key for r in runs])
     groups = []
     for p, problem in enumerate(problems):
-        episodes = [e for r in runs[p * group_size:(p + 1) * group_size] for e in finish_episode(r, problem.target)]
+        span = range(p * group_size, (p + 1) * group_size)
+        episodes = [e for i in span for e in finish_episode(runs[i], problem.target, finals[i])]
         groups.append(Group(episodes[0].prompt, problem.target, episodes, question=problem.question))
     return groups
 

@@ -24,7 +24,17 @@ def sample_rows(groups: list[Group], step: int, prompts: int, advantage: dict | 
     questions = [g.question or g.prompt for g in chosen for _ in g.episodes]
     return [{"step": step, "question": q, "prompt": e.prompt, "completion": e.completion.text, "target": e.target,
              "reward": float(e.reward), "advantage": float(a), "policy_version": int(e.completion.policy_version),
-             "stop_reason": e.completion.stop_reason} for q, e, a in zip(questions, episodes, advantages, strict=True)]
+             "stop_reason": e.completion.stop_reason, **conversation_of(e)}
+            for q, e, a in zip(questions, episodes, advantages, strict=True)]
+
+
+def conversation_of(episode) -> dict:
+    """A multi-turn episode's messages with roles, tool calls and results, each marked `generated` (trained on)
+    or not (inserted by the environment, loss-masked), plus how it ended; {} for a single-turn completion."""
+    meta = episode.completion.metadata
+    if "conversation" not in meta:
+        return {}
+    return {"conversation": meta["conversation"], "status": meta["status"], "turns": meta["turns"]}
 
 
 def samples_markdown(rows: list[dict], max_chars: int = 400) -> str:

@@ -120,6 +120,8 @@ class SFTConfig:
     # an imperfect teacher (forge_core/data/teacher.py): sums that carry into the tens digit are demonstrated without
     # that carry with this probability (0: the true answers); held-out problems and rewards keep the true answers
     drop_carry: float = 0.0
+    # with an environment (env.name): the share of demonstrated episodes that call tools (the rest answer alone)
+    tool_use: float = 1.0
     init: str | None = None  # start GRPO from this checkpoint directory instead of running SFT
     # reuse the model of an earlier identical warm-up (same SFT settings, model, data and code) from the SFT cache
     cache: bool = True
@@ -140,6 +142,9 @@ class SFTConfig:
         if not 0.0 <= self.drop_carry <= 1.0:
             raise ValueError(f"{where}.drop_carry must be in [0, 1] (the teacher's chance to drop a tens carry); "
                              f"got {self.drop_carry}")
+        if not 0.0 <= self.tool_use <= 1.0:
+            raise ValueError(f"{where}.tool_use must be in [0, 1] (the share of demonstrations that call tools); "
+                             f"got {self.tool_use}")
         if self.response not in SFT_RESPONSES:
             raise ValueError(f"{where}.response = {self.response!r} is not one of {list(SFT_RESPONSES)}")
         if self.batch_size < 1 or not (self.lr > 0 and math.isfinite(self.lr)):

@@ -9,7 +9,7 @@ import pytest
 from forge_core.data.problems import Problem
 from forge_core.envs import CalculatorEnvironment, EnvConfig, GuessEnvironment, StepResult
 from forge_core.envs.calculator import calculate, evaluate_arithmetic
-from forge_core.envs.episodes import ChatRenderer, env_metrics, finish_episode, run_episodes, start_episode
+from forge_core.envs.episodes import ChatRenderer, env_metrics
 from forge_core.envs.tool_calls import ToolCallError, format_tool_call, parse_tool_calls
 from forge_core.envs.tools import ToolError
 from forge_core.models.tokenizer import build_char_tokenizer, end_token_ids
@@ -43,14 +43,19 @@ class ScriptedPolicy:
 
 
 def play(envs, scripts, config=None, tasks=None, tokenizer=TOK):
+    """Play one episode per environment (episode i: envs[i], scripts[i]) through the token layer."""
+    from forge_core.envs.episodes import finish_episode, run_episodes, start_episodes
+    from forge_core.envs.runner import LocalEnvs
+    from forge_core.generation.sampling import SamplingParams
+
     config = config or EnvConfig(name="calculator", max_turns=4, max_tokens=400, step_timeout_s=0.5)
     renderer = ChatRenderer(tokenizer)
-    runs = [start_episode(env, (tasks or [PRODUCT] * len(envs))[i], 7, i, renderer, config)
-            for i, env in enumerate(envs)]
+    local = LocalEnvs(config, make=lambda key: envs[key])
+    runs = start_episodes([((tasks or [PRODUCT] * len(envs))[i], 7, i) for i in range(len(envs))], local, renderer)
     policy = ScriptedPolicy(scripts)
-    from forge_core.generation.sampling import SamplingParams
-    run_episodes(policy, runs, SamplingParams(max_new_tokens=80), seed=11, config=config, renderer=renderer)
-    return runs, policy, [e for r in runs for e in finish_episode(r, PRODUCT.target)]
+    run_episodes(policy, local, runs, SamplingParams(max_new_tokens=80), seed=11, config=config, renderer=renderer)
+    finals = local.finish([r.key for r in runs])
+    return runs, policy, [e for r, f in zip(runs, finals, strict=True) for e in finish_episode(r, PRODUCT.target, f)]
 
 
 CALL = format_tool_call("calculate", expression="47*38")
@@ -169,3 +174,31 @@ def test_guess_gives_feedback_until_the_number_is_found():
     assert hits == [env.secret - 1]
     assert all(a.messages[0]["content"] == "higher" for a in answers[:env.secret - 1])
     assert env.final_reward() == 1.0
+
+
+def test_demonstrations_are_played_through_the_token_layer_and_teach_only_the_assistant_turns():
+    from forge_core.recipes.sft import make_env_sft_examples, sft_batch
+
+    problems = [PRODUCT, Problem("12*11=", "12*11=132\n#### 132", "132")]
+    config = EnvConfig(name="calculator", max_turns=3, max_tokens=200)
+    with_tool, alone = make_env_sft_examples(problems, config, TOK, end_token_ids(TOK, None), tool_use=1.0), \
+        make_env_sft_examples(problems, config, TOK, end_token_ids(TOK, None), tool_use=0.0)
+    text = TOK.decode(with_tool[0].response_ids)
+    assert text == (f"{CALL}<|im_end|>\n<|im_start|>tool\n1786<|im_end|>\n<|im_start|>assistant\n#### 1786<|im_end|>")
+    taught = TOK.decode([t for t, m in zip(with_tool[0].response_ids, with_tool[0].loss_mask, strict=True) if m])
+    assert taught == f"{CALL}<|im_end|>#### 1786<|im_end|>"
+    assert TOK.decode(alone[1].response_ids) == "#### 132<|im_end|>" and all(alone[1].loss_mask)
+    _, targets = sft_batch(with_tool, pad_id=TOK.pad_token_id)
+    assert targets["loss_mask"].sum() == sum(sum(e.loss_mask) for e in with_tool)
+
+
+def test_samples_show_the_conversation_with_the_inserted_spans_marked():
+    from forge_core.recipes.samples import sample_rows, samples_markdown
+    from forge_core.types import Group
+
+    _, _, episodes = play([CalculatorEnvironment(), CalculatorEnvironment()], {0: [CALL, "#### 1786"], 1: ["#### 5"]})
+    rows = sample_rows([Group(episodes[0].prompt, "1786", episodes, question=PRODUCT.question)], step=1, prompts=1)
+    assert rows[0]["completion"] == f"{CALL}\n⟦tool: 1786⟧\n#### 1786"
+    assert [m["generated"] for m in rows[0]["conversation"]] == [False, True, False, True]
+    assert rows[0]["status"] == "completed" and rows[1]["turns"] == 1
+    assert "⟦tool: 1786⟧" in samples_markdown(rows)
