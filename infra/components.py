@@ -61,6 +61,7 @@ class ProblemSplits:
     train_prompts: list[str]
     eval: list[Problem]
     eval_prompts: list[str]
+    tokenizer: object = None  # what rendered them; multi-turn episodes render their later turns with it
 
 
 _SPLITS: dict[str, tuple[list[Problem], list[Problem]]] = {}  # read once per process (config check, flows, tasks)
@@ -106,7 +107,7 @@ def build_splits(cfg: RunConfig, tokenizer) -> ProblemSplits:
         kwargs = {} if cfg.dataset.system_prompt is None else {"system_prompt": cfg.dataset.system_prompt}
     template = build_template(cfg.dataset.template, **kwargs)
     render = lambda ps: [template.render(p.question, tokenizer) for p in ps]  # noqa: E731
-    return ProblemSplits(train, render(train), held_out, render(held_out))
+    return ProblemSplits(train, render(train), held_out, render(held_out), tokenizer)
 
 
 def reward_entries(cfg: RunConfig) -> list[dict]:

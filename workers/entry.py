@@ -25,6 +25,7 @@ ROLE_CLASSES = {
     "trainer": "workers.trainer:TrainerWorker",
     "reference": "workers.reference:ReferenceWorker",
     "reward": "workers.reward:RewardWorker",
+    "env": "workers.env:EnvWorker",
 }
 
 

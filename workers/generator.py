@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from forge_core.data.problems import Problem
 from forge_core.generation import TorchGenerator
 from forge_core.models import load_model_and_tokenizer
+from forge_core.models.tokenizer import end_token_ids
 from forge_core.recipes import steps
 from forge_core.types import Group
 from infra.config import RunConfig
@@ -42,43 +43,61 @@ class GeneratorWorker(Worker):
         seeded with seed + prompt_keys[i] (default i): its index in the step's whole batch, whichever replica
         samples it."""
         self.calls += 1
-        missed = None
-        if version is not None and version != self.policy_version:
-            log.info("rollout asks for policy version %d, this generator holds %d: loading it", version,
-                     self.policy_version)
-            try:
-                self.load_weights(version)
-            except KeyError as exc:  # e.g. a resume on a node whose weight store was emptied: continue, not exact
-                missed = version
-                self.pinned_version_misses += 1
-                log.error("ROLLOUT NOT PINNED: policy version %d is not in the weight store (%s); sampling with "
-                          "version %d instead, so this run is no longer bit-exact with an uninterrupted one "
-                          "(counted as rollout/pinned_version_misses; %d so far)", version, exc, self.policy_version,
-                          self.pinned_version_misses)
+        missed = self.pin_version(version)
         groups = steps.rollout(self.generator, problems, prompts, group_size, seed, self.cfg.generator,
-                               prompt_keys, env=self.cfg.env)
+                               prompt_keys)
         if missed is not None:
             for group in groups:
                 for episode in group.episodes:
                     episode.completion.metadata["pinned_version_missed"] = missed
         return groups
 
+    def pin_version(self, version: int | None) -> int | None:
+        """Hold policy `version` (loaded from the store when another is held); the version that could not be
+        loaded, or None."""
+        if version is None or version == self.policy_version:
+            return None
+        log.info("rollout asks for policy version %d, this generator holds %d: loading it", version,
+                 self.policy_version)
+        try:
+            self.load_weights(version)
+        except KeyError as exc:  # e.g. a resume on a node whose weight store was emptied: continue, not exact
+            self.pinned_version_misses += 1
+            log.error("ROLLOUT NOT PINNED: policy version %d is not in the weight store (%s); sampling with "
+                      "version %d instead, so this run is no longer bit-exact with an uninterrupted one "
+                      "(counted as rollout/pinned_version_misses; %d so far)", version, exc, self.policy_version,
+                      self.pinned_version_misses)
+            return version
+        return None
+
     def health(self) -> dict:
         return {**super().health(), "pinned_version_misses": self.pinned_version_misses}
 
     def generate(self, prompts: list[str], n: int = 1, seed: int | None = None, params=None,
-                 prompt_keys: list[int] | None = None) -> list[list]:
-        """Raw TorchGenerator.generate: n Completions per prompt."""
+                 prompt_keys: list[int] | None = None, prompt_ids: list[list[int]] | None = None,
+                 version: int | None = None) -> list[list]:
+        """Raw TorchGenerator.generate: n Completions per prompt (from `prompt_ids` when given: token-in), with
+        policy `version` when given (one turn of multi-turn episodes, workers/episodes.py)."""
         self.calls += 1
-        return self.generator.generate(prompts, n=n, seed=seed, params=params, prompt_keys=prompt_keys)
+        missed = self.pin_version(version)
+        out = self.generator.generate(prompts, n=n, seed=seed, params=params, prompt_keys=prompt_keys,
+                                      prompt_ids=prompt_ids if prompt_ids and prompt_ids[0] is not None else None)
+        if missed is not None:
+            for completion in (c for row in out for c in row):
+                completion.metadata["pinned_version_missed"] = missed
+        return out
+
+    def end_ids(self) -> list[int]:
+        """The ids that end a turn for this generator (the token layer of multi-turn episodes needs them)."""
+        found = getattr(self.generator, "end_ids", None)  # vLLM stops on its own end ids: the template's and eos
+        return list(found) if found else end_token_ids(self.generator.tokenizer, None)
 
     def evaluate(self, problems: Sequence[Problem], prompts: Sequence[str], samples: int = 0,
                  prompt_keys: Sequence[int] | None = None) -> dict[str, float]:
         """Held-out greedy (and sampled) accuracy of the current weights on these prompts (keys: see rollout)."""
         g = self.cfg.generator
         return steps.evaluate(self.generator, problems, prompts, g.max_new_tokens, samples=samples,
-                              temperature=g.temperature, seed=self.cfg.seed, prompt_keys=prompt_keys,
-                              env=self.cfg.env)
+                              temperature=g.temperature, seed=self.cfg.seed, prompt_keys=prompt_keys)
 
     def join_weight_group(self, address: str, rank: int, world: int, device: str = "cpu") -> None:
         """weightsync.backend broadcast: join the trainer's weight-broadcast group at `address` as `rank`

@@ -33,6 +33,8 @@ def plan_roles(cfg: RunConfig, with_reference: bool) -> list[RolePlan]:
              RolePlan("reward", cfg.reward.num_replicas, 1)]
     if with_reference:
         plans.append(RolePlan("reference", 1, cfg.ref_model.procs))
+    if cfg.env.enabled:
+        plans.append(RolePlan("env", cfg.env.num_replicas, 1))
     return plans
 
 
@@ -62,10 +64,11 @@ def gpus_offered(cfg: RunConfig) -> int:
 
 
 def uses_gpu(cfg: RunConfig, role: str) -> bool:
-    """Whether the role's model lives on an accelerator (rewards never; the reference per ref_model.device)."""
+    """Whether the role's model lives on an accelerator (rewards and environments never; the reference per
+    ref_model.device)."""
     if gpus_offered(cfg) == 0:
         return False
-    if role == "reward":
+    if role in ("reward", "env"):
         return False
     return not (role == "reference" and cfg.ref_model.device == "cpu")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from forge_core.data.problems import Problem
 from forge_core.protocols import Batch, PendingBatch, ReadyBatch, RolledBack
 from forge_core.recipes.steps import (
+    evaluate,
     reward_metrics,
     rollout_metrics,
     sample_batch,
@@ -28,6 +29,7 @@ from forge_core.training.trainer import save_atomically
 from forge_core.types import Group
 from infra import checkpoints as ckpt
 from infra.components import ProblemSplits
+from workers.episodes import RemoteEnvs, RemoteTurns, remote_episodes
 
 
 def remote_rollout(pool, problems: Sequence[Problem], prompts: Sequence[str], group_size: int,
@@ -132,6 +134,9 @@ class RemoteGenerator:
         train, prompts = self.splits.train, self.splits.train_prompts
 
         def sample(indices: list[int], seed: int) -> list[Group]:
+            if self.env_enabled:  # multi-turn episodes across the generator and env workers
+                return remote_episodes(self.pool, self.splits.tokenizer, [train[i] for i in indices], self.group_size,
+                                       seed, self.behaviour_version(step))
             return remote_rollout(self.pool, [train[i] for i in indices], [prompts[i] for i in indices],
                                   self.group_size, seed, self.behaviour_version(step))
 
@@ -174,6 +179,12 @@ class RemoteGenerator:
     def evaluate(self, version: int) -> dict[str, float]:
         """Held-out greedy (and sampled) accuracy of the generator's current weights (RolledBack: see sync)."""
         require_trainer_at(self.pool, version)
+        if self.env_enabled:
+            cfg = self.pool.cfg
+            return evaluate(RemoteTurns(self.pool, self.splits.tokenizer), self.splits.eval, self.splits.eval_prompts,
+                            cfg.generator.max_new_tokens, samples=self.eval_samples,
+                            temperature=cfg.generator.temperature, seed=cfg.seed, env=cfg.env,
+                            envs=RemoteEnvs(self.pool))
         return remote_evaluate(self.pool, self.splits.eval, self.splits.eval_prompts, self.eval_samples)
 
 

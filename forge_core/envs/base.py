@@ -58,6 +58,7 @@ class EnvConfig:
     max_turns: int = 4  # assistant turns per episode
     max_tokens: int = 256  # tokens of an episode after its first prompt (generated and inserted)
     step_timeout_s: float = 10.0  # one env.step longer than this ends the episode as `timeout`
+    num_replicas: int = 1  # env worker processes of a run on workers (episode k plays on replica k % replicas)
     options: dict[str, Any] = field(default_factory=dict)  # the environment's constructor arguments
 
     def check(self, where: str = "env") -> None:
@@ -66,6 +67,8 @@ class EnvConfig:
             raise ValueError(f"{where}.max_turns must be >= 1, got {self.max_turns}")
         if self.max_tokens < 1:
             raise ValueError(f"{where}.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.num_replicas < 1:
+            raise ValueError(f"{where}.num_replicas must be >= 1, got {self.num_replicas}")
         if self.step_timeout_s <= 0:
             raise ValueError(f"{where}.step_timeout_s must be > 0 seconds, got {self.step_timeout_s}")
         if not isinstance(self.options, dict):

@@ -53,6 +53,7 @@ class LocalEnvs:
 
         out = []
         for key, task, seed in items:
+            self.failed.discard(key)  # a retried rollout plays its episodes again from the start
             self.envs[key] = env = self.make(key) if self.make else make_environment(self.config)
             messages, tools = call_with_timeout(env.reset, self.config.step_timeout_s, task, seed)
             out.append((list(messages), list(tools or [])))

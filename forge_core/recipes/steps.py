@@ -186,11 +186,12 @@ def pass_at_k(hits: Sequence[Sequence[bool]]) -> float:
 
 def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Sequence[str], max_new_tokens: int,
              judge=None, samples: int = 0, temperature: float = 1.0, seed: int = 0,
-             prompt_keys: Sequence[int] | None = None, env: EnvConfig | None = None) -> dict[str, float]:
+             prompt_keys: Sequence[int] | None = None, env: EnvConfig | None = None, envs=None) -> dict[str, float]:
     """Held-out greedy accuracy (judge = MathReward: 1.0 means correct); with samples > 0 also the mean
     sampled accuracy at `temperature`, a smoother signal than the greedy one, and pass@samples (prompt i seeded
     with seed + prompt_keys[i], default i). With an `env`: episodes in it, correct when their reward is >= 1, and
-    the greedy episodes' env/* figures as eval/turns_mean and eval/tool_calls_mean."""
+    the greedy episodes' env/* figures as eval/turns_mean and eval/tool_calls_mean (`envs`: where the environments
+    run, default this process)."""
     judge = judge or MathReward()
     start = time.perf_counter()
     keys = None if prompt_keys is None else list(prompt_keys)
@@ -198,7 +199,7 @@ def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Se
 
     def attempts(params: SamplingParams, n: int) -> list[list[bool]]:
         if env is not None and env.enabled:
-            groups = sample_env_groups(generator, problems, n, seed, params, env, keys)
+            groups = sample_env_groups(generator, problems, n, seed, params, env, keys, envs)
             if n == 1:
                 played = env_metrics([e for g in groups for e in g.episodes])
                 metrics.update({"eval/turns_mean": played["env/turns_mean"],

@@ -35,6 +35,12 @@ def existing_runs() -> set[str]:
     return {p.name for p in runs_root().iterdir()}
 
 
+def recorded_metrics(run_id: str) -> list[dict]:
+    """Every row of a run's metrics.jsonl."""
+    path = run_dir(run_id) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def steps_recorded(run_id: str) -> list[int]:
     path = run_dir(run_id) / "metrics.jsonl"
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]

@@ -3,21 +3,14 @@ PPO mini-batches with TIS, and DAPO's refill rounds inside the Prefect flow."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from flows.grpo import grpo_flow
-from infra.paths import run_dir
-from tests.integration.fault_helpers import TINY
+from tests.integration.fault_helpers import TINY, recorded_metrics
 
 pytestmark = pytest.mark.integration
-
-
-def recorded_metrics(run_id: str) -> list[dict]:
-    path = run_dir(run_id) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def test_a_slowed_trainer_never_trains_on_a_batch_older_than_max_policy_age(monkeypatch):
