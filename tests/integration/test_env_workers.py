@@ -70,3 +70,24 @@ def test_the_calculator_recipe_runs_three_steps_through_the_flow(tool_model):
     assert all(r["env/turns_mean"] > 1 and r["env/tool_calls_mean"] > 0 for r in rows)
     assert all(sum(v for k, v in r.items() if k.startswith("env/status_")) == pytest.approx(1.0) for r in rows)
     assert "eval/turns_mean" in rows[1] and "loss/loss" in rows[0]
+
+
+def test_a_killed_env_worker_mid_run_ends_with_the_uninterrupted_runs_weights(tool_model, monkeypatch):
+    from cli.reports import show_run
+    from flows.grpo import grpo_flow
+    from tests.integration.fault_helpers import kill_worker_when, steps_recorded
+
+    # the entropy bonus moves the weights at every step, so a step replayed differently changes the final hash
+    run = {**CALC, "sft.init": str(tool_model), "sft.steps": 0, "steps": 4, "trainer.entropy_coef": 0.01,
+           "env.num_replicas": 1}
+    config = "configs/grpo_calculator_tool.yaml"
+    reference = show_run(grpo_flow(config=config, overrides=run, run_name="env-uninterrupted")["run_id"])
+    killed: list[int] = []
+    watcher = kill_worker_when(monkeypatch, "env", 2, killed)
+    summary = grpo_flow(config=config, overrides=run, run_name="env-killed")
+    watcher.join(timeout=1)
+    assert killed, "the env worker was never killed: the test did not exercise recovery"
+    assert [r["role"] for r in summary["recoveries"]] == ["env"]
+    info = show_run(summary["run_id"])
+    assert info["status"] == "completed" and steps_recorded(summary["run_id"]) == [1, 2, 3, 4]
+    assert info["final_checkpoint"]["state_sha256"] == reference["final_checkpoint"]["state_sha256"]
