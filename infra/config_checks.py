@@ -232,5 +232,4 @@ def check_environment(env) -> None:
     from forge_core.envs import environment_factory, make_environment
 
     environment_factory(env.name)
-    if env.name != "openenv":  # an OpenEnv client connects when it is built: checked when the run starts it
-        make_environment(env).close()
+    make_environment(env).close()  # nothing connects before reset (an OpenEnv client opens its session there)
