@@ -201,3 +201,23 @@ def test_a_config_with_a_password_is_written_only_for_its_owner(tmp_path):
         "tracking.registry_url": "postgresql://forgeflow:hunter2@db:5432/registry"}), tmp_path / "secret.yaml")
     assert plain.stat().st_mode & 0o777 == 0o644
     assert secret.stat().st_mode & 0o777 == 0o600 and "hunter2" in secret.read_text()  # resume needs it
+
+
+def test_the_env_section_is_checked_with_the_key_and_the_fix():
+    calc = "configs/grpo_calculator_tool.yaml"
+    cfg = load_config(calc, {"env.num_replicas": 2})
+    assert cfg.env.name == "calculator" and cfg.env.num_replicas == 2 and cfg.sft.tool_use == 0.5
+    with pytest.raises(ValueError, match=r"unknown env.name 'calculater'; choose one of \['calculator'"):
+        load_config(calc, {"env.name": "calculater"})
+    with pytest.raises(ValueError, match="env.max_turns must be >= 1"):
+        load_config(calc, {"env.max_turns": 0})
+    with pytest.raises(ValueError, match=r"env.options \['allow_tool'\] do not fit env.name 'calculator'"):
+        load_config(calc, {"env.options": {"allow_tool": False}})
+    with pytest.raises(ValueError, match="sft.tool_use must be in"):
+        load_config(calc, {"sft.tool_use": 1.5})
+    with pytest.raises(ValueError, match=r"env.name = 'mypkg.envs:Maze' is an import path that the config file does not list"):
+        load_config(calc, {"env.name": "mypkg.envs:Maze"})
+    with pytest.raises(ValueError, match=r"do not fit env.name 'openenv'.*missing 1 required positional argument: 'url'"):
+        load_config(calc, {"env.name": "openenv"})
+    with pytest.raises(ValueError, match="env.options.url is empty"):
+        load_config(calc, {"env.name": "openenv", "env.options": {"url": ""}})
