@@ -155,7 +155,8 @@ def drive_run(cfg, run_id: str, resume: str | None, start_time: float, *, config
         outcome = train_on_workers(cfg, run_id, out, records, splits, init_path, threads)
     except BaseException as exc:
         return end_unfinished(run_id, records, exc)
-    return finish_run(cfg, run_id, out, records, outcome, run_name=run_name, start_time=start_time)
+    return finish_run(cfg, run_id, out, records, outcome, run_name=run_name, start_time=start_time,
+                      init_model=init_path)
 
 
 def open_run_dir(cfg, run_id: str, resume: str | None):
@@ -282,13 +283,14 @@ def end_unfinished(run_id: str, records: RunRecords, exc: BaseException):
 
 
 def finish_run(cfg, run_id: str, out, records: RunRecords, outcome: RunOutcome, *, run_name: str | None,
-               start_time: float) -> dict:
-    """The run's summary (summary.json, curves.png), and its records marked completed; returns the summary."""
+               start_time: float, init_model: str | None = None) -> dict:
+    """The run's summary (summary.json, curves.png), and its records marked completed; returns the summary.
+    `init_model`: the model RL started from (the SFT model, cached or trained by this run), when not model.path."""
     before, after = outcome.before, outcome.after
     summary = {"run_id": run_id, "run_name": run_name, **held_out_summary(before, after), "start_step": outcome.start,
                "minutes": (time.perf_counter() - start_time) / 60, "checkpoint": outcome.final,
                "flow_run_id": current_flow_run_id(), "task_calls": outcome.task_calls,
-               "recoveries": outcome.recoveries}
+               "recoveries": outcome.recoveries, "init_model": None if init_model is None else str(init_model)}
     rows = records.rows()
     if rows:
         curves = [{"step": outcome.start, **before}] + rows + [{"step": cfg.steps, **after}]

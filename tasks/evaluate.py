@@ -21,5 +21,5 @@ def evaluate_checkpoint(checkpoint: str, config: str, overrides: dict | None) ->
     splits = C.build_splits(cfg, tok)
     gen = TorchGenerator(model.eval(), tok, cfg.generator)
     metrics = evaluate(gen, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens, samples=cfg.eval.samples,
-                       temperature=cfg.generator.temperature, seed=cfg.seed)
+                       temperature=cfg.generator.temperature, seed=cfg.seed, env=cfg.env)
     return {"checkpoint": checkpoint, "num_prompts": len(splits.eval), **metrics}

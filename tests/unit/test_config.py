@@ -206,7 +206,7 @@ def test_a_config_with_a_password_is_written_only_for_its_owner(tmp_path):
 def test_the_env_section_is_checked_with_the_key_and_the_fix():
     calc = "configs/grpo_calculator_tool.yaml"
     cfg = load_config(calc, {"env.num_replicas": 2})
-    assert cfg.env.name == "calculator" and cfg.env.num_replicas == 2 and cfg.sft.tool_use == 0.5
+    assert cfg.env.name == "calculator" and cfg.env.num_replicas == 2 and cfg.sft.tool_use == 0.3
     with pytest.raises(ValueError, match=r"unknown env.name 'calculater'; choose one of \['calculator'"):
         load_config(calc, {"env.name": "calculater"})
     with pytest.raises(ValueError, match="env.max_turns must be >= 1"):
