@@ -14,6 +14,7 @@ import json
 import math
 import os
 import statistics
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -58,7 +59,7 @@ def main() -> None:
         cfg = load_config(args.config, {**overrides, "seed": seed})
         C.configure_threads(cfg)
         summary = grpo_flow(config=args.config, overrides={**overrides, "seed": seed}, run_name=f"calculator-s{seed}")
-        sft_model, final_model = summary["init_model"], summary["checkpoint"]
+        sft_model, final_model = summary["init_model"], str(Path(summary["checkpoint"]) / "hf")
         row = {"seed": seed, "minutes": summary["minutes"], "tool_before": summary["acc_before"],
                "tool_after": summary["acc_after"], "alone_before": held_out_accuracy(sft_model, cfg, False),
                "alone_after": held_out_accuracy(final_model, cfg, False), "run_id": summary["run_id"],

@@ -22,6 +22,7 @@ from forge_core.recipes.steps import (
     evaluate,
     reward_metrics,
     rollout_metrics,
+    round_scorer,
     sample_batch,
 )
 from forge_core.schedule import Schedule
@@ -126,7 +127,7 @@ class RemoteGenerator:
     eval_samples: int = 0
     fill_rounds: int = 1  # > 1: DAPO dynamic sampling, refilled with the reward workers' scores
     reward: RemoteRewardScorer | None = None  # scores each refill round (fill_rounds > 1)
-    env_enabled: bool = False  # the generator workers play episodes in the run's environment, which rewards them
+    env_enabled: bool = False  # multi-turn episodes across the generator and env workers, rewarded by the env
 
     def rollout(self, step: int) -> Batch:
         """The step's groups, sampled with the pinned behaviour version (and refilled: fill_rounds > 1)."""
@@ -140,10 +141,7 @@ class RemoteGenerator:
             return remote_rollout(self.pool, [train[i] for i in indices], [prompts[i] for i in indices],
                                   self.group_size, seed, self.behaviour_version(step))
 
-        score = None
-        if self.refills:  # an environment rewarded its episodes already; the reward workers score the others
-            score = ((lambda groups: (groups, reward_metrics(groups))) if self.env_enabled
-                     else (lambda groups: self.reward.score(step, groups)))
+        score = round_scorer(self.refills, self.env_enabled, lambda groups: self.reward.score(step, groups))
         groups, metrics = sample_batch(step, len(train), self.prompts_per_step, self.seed, sample, score,
                                        self.fill_rounds)
         return groups, {**metrics, **rollout_metrics(groups, step, time.perf_counter() - t0)}

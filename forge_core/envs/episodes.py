@@ -10,7 +10,6 @@ in env/prefix_breaks.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,8 +18,6 @@ from forge_core.envs.base import STATUSES, EnvConfig, Message, StepResult
 from forge_core.envs.runner import LocalEnvs
 from forge_core.generation.sampling import SamplingParams
 from forge_core.types import Completion, Episode, Group
-
-log = logging.getLogger(__name__)
 
 
 class ChatRenderer:

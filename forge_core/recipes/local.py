@@ -48,10 +48,8 @@ class LocalGenerator:
                                  [self.prompts[i] for i in indices], self.group_size, seed, self.sampling,
                                  env=self.env)
 
-        score = None
-        if self.refills:  # an environment rewarded its episodes already; reward functions score the others
-            score = ((lambda groups: (groups, steps.reward_metrics(groups))) if self.env_enabled
-                     else (lambda groups: (groups, steps.score_rewards(groups, self.reward))))
+        score = steps.round_scorer(self.refills, self.env_enabled,
+                                   lambda groups: (groups, steps.score_rewards(groups, self.reward)))
         groups, metrics = steps.sample_batch(step, len(self.problems), self.prompts_per_step, self.seed, sample, score,
                                              self.fill_rounds)
         metrics.update(steps.rollout_metrics(groups, step, time.perf_counter() - t0))

@@ -94,6 +94,15 @@ def sample_batch(step: int, num_problems: int, prompts_per_step: int, seed: int,
     return sample_round(prompts_per_step, 0)
 
 
+def round_scorer(refills: bool, env_enabled: bool,
+                 score: Callable[[list[Group]], Batch]) -> Callable[[list[Group]], Batch] | None:
+    """How sample_batch scores each sampling round: None without refills; an environment's episodes come back
+    rewarded (only their reward/* metrics are computed), the others are scored by `score`."""
+    if not refills:
+        return None
+    return (lambda groups: (groups, reward_metrics(groups))) if env_enabled else score
+
+
 def score_rewards(groups: list[Group], reward: CombinedReward) -> dict[str, float]:
     """Set each episode's reward (and per-function breakdown); returns reward/* metrics."""
     episodes = [e for g in groups for e in g.episodes]

@@ -70,6 +70,14 @@ def test_the_calculator_recipe_runs_three_steps_through_the_flow(tool_model):
     assert all(r["env/turns_mean"] > 1 and r["env/tool_calls_mean"] > 0 for r in rows)
     assert all(sum(v for k, v in r.items() if k.startswith("env/status_")) == pytest.approx(1.0) for r in rows)
     assert "eval/turns_mean" in rows[1] and "loss/loss" in rows[0]
+    # the samples people read show whole conversations, the environment's messages marked as not trained on
+    from cli.reports import read_samples
+
+    samples = read_samples(summary["run_id"])["rows"]
+    called = [r for r in samples if r["turns"] > 1]
+    assert called and "⟦tool: " in called[0]["completion"]
+    assert [m["role"] for m in called[0]["conversation"]][:3] == ["user", "assistant", "tool"]
+    assert [m["generated"] for m in called[0]["conversation"]][:3] == [False, True, False]
 
 
 def test_a_killed_env_worker_mid_run_ends_with_the_uninterrupted_runs_weights(tool_model, monkeypatch):

@@ -202,3 +202,18 @@ def test_samples_show_the_conversation_with_the_inserted_spans_marked():
     assert [m["generated"] for m in rows[0]["conversation"]] == [False, True, False, True]
     assert rows[0]["status"] == "completed" and rows[1]["turns"] == 1
     assert "⟦tool: 1786⟧" in samples_markdown(rows)
+
+
+def test_dynamic_sampling_keeps_the_environments_rewards():
+    from forge_core.recipes.steps import round_scorer
+    from forge_core.types import Group
+
+    _, _, episodes = play([CalculatorEnvironment(), CalculatorEnvironment()], {0: [CALL, "#### 1786"], 1: ["#### 5"]})
+    groups = [Group("p", "1786", episodes)]
+
+    def rescore(groups):
+        raise AssertionError("an environment's episodes were scored again by the reward functions")
+
+    assert round_scorer(False, True, rescore) is None
+    scored, metrics = round_scorer(True, True, rescore)(groups)
+    assert [e.reward for e in scored[0].episodes] == [1.0, 0.0] and metrics["reward/mean"] == 0.5
