@@ -14,6 +14,7 @@ import operator
 from forge_core.envs.base import Message
 from forge_core.envs.tool_calls import format_tool_call, tool_schema
 from forge_core.envs.tools import ToolEnvironment, ToolError, answer_matches
+from forge_core.rewards.math import DigitMatchReward
 
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
              ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
@@ -56,21 +57,28 @@ def calculate(expression: str) -> str:
 
 
 class CalculatorEnvironment(ToolEnvironment):
-    """A Problem's question; reward 1.0 when the final answer's number equals its target. `allow_tools: false`
-    takes the tool away (a call ends the episode as unknown_tool): the same model answering alone."""
+    """A Problem's question; reward 1.0 when the final answer's number equals its target, else `digit_credit` ×
+    the share of its digits in place (DigitMatchReward: a denser signal; accuracy counts exact answers only).
+    `allow_tools: false` takes the tool away (a call ends the episode as unknown_tool): the model answering alone."""
 
     schemas = [tool_schema("calculate", "Evaluate an arithmetic expression", {"expression": "e.g. 47*38"})]
 
-    def __init__(self, system_prompt: str = "", allow_tools: bool = True):
-        self.system_prompt = system_prompt
+    def __init__(self, system_prompt: str = "", allow_tools: bool = True, digit_credit: float = 0.0):
+        if not 0.0 <= digit_credit < 1.0:
+            raise ValueError(f"env.options.digit_credit must be in [0, 1) (partial credit below an exact answer's "
+                             f"1.0), got {digit_credit}")
+        self.system_prompt, self.digit_credit = system_prompt, digit_credit
         self.tools = {"calculate": calculate} if allow_tools else {}
+        self.digits = DigitMatchReward(("gsm8k", "last_number"))
 
     def opening(self, task, seed: int) -> list[Message]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return system + [{"role": "user", "content": task.question}]
 
     def answer(self, text: str) -> float:
-        return 1.0 if answer_matches(text, self.task.target) else 0.0
+        if answer_matches(text, self.task.target):
+            return 1.0
+        return self.digit_credit * self.digits("", text, self.task.target) if self.digit_credit else 0.0
 
     def demonstrate(self, task, use_tools: bool) -> list[str]:
         """A teacher's assistant turns for `task` (an arith Problem, solution '<expr>=<value>…'): the tool call then

@@ -206,7 +206,7 @@ def test_a_config_with_a_password_is_written_only_for_its_owner(tmp_path):
 def test_the_env_section_is_checked_with_the_key_and_the_fix():
     calc = "configs/grpo_calculator_tool.yaml"
     cfg = load_config(calc, {"env.num_replicas": 2})
-    assert cfg.env.name == "calculator" and cfg.env.num_replicas == 2 and cfg.sft.tool_use == 0.3
+    assert cfg.env.name == "calculator" and cfg.env.num_replicas == 2 and cfg.sft.tool_use == 0.4
     with pytest.raises(ValueError, match=r"unknown env.name 'calculater'; choose one of \['calculator'"):
         load_config(calc, {"env.name": "calculater"})
     with pytest.raises(ValueError, match="env.max_turns must be >= 1"):
@@ -218,6 +218,6 @@ def test_the_env_section_is_checked_with_the_key_and_the_fix():
     with pytest.raises(ValueError, match=r"env.name = 'mypkg.envs:Maze' is an import path that the config file does not list"):
         load_config(calc, {"env.name": "mypkg.envs:Maze"})
     with pytest.raises(ValueError, match=r"do not fit env.name 'openenv'.*missing 1 required positional argument: 'url'"):
-        load_config(calc, {"env.name": "openenv"})
+        load_config(calc, {"env.name": "openenv", "env.options": {}})
     with pytest.raises(ValueError, match="env.options.url is empty"):
         load_config(calc, {"env.name": "openenv", "env.options": {"url": ""}})

@@ -217,3 +217,11 @@ def test_dynamic_sampling_keeps_the_environments_rewards():
     assert round_scorer(False, True, rescore) is None
     scored, metrics = round_scorer(True, True, rescore)(groups)
     assert [e.reward for e in scored[0].episodes] == [1.0, 0.0] and metrics["reward/mean"] == 0.5
+
+
+def test_digit_credit_rewards_near_misses_below_an_exact_answer():
+    env = CalculatorEnvironment(digit_credit=0.5)
+    env.reset(PRODUCT, seed=0)
+    assert env.answer("#### 1786") == 1.0 and env.answer("#### 1776") == 0.375 and env.answer("no number") == 0.0
+    with pytest.raises(ValueError, match="digit_credit must be in"):
+        CalculatorEnvironment(digit_credit=1.0)
