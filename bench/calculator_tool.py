@@ -10,6 +10,7 @@ run's minutes. Writes JSON and a PNG of the runs' curves under .forgeflow/bench-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -32,8 +33,7 @@ from runtime.progress import quiet_libraries  # noqa: E402
 
 def held_out_accuracy(model_dir: str, cfg, allow_tools: bool) -> float:
     """Greedy accuracy of a model on the config's held-out problems, in its environment with or without the tool."""
-    env = cfg.env if allow_tools else type(cfg.env)(**{**cfg.env.__dict__, "options": {**cfg.env.options,
-                                                                                         "allow_tools": False}})
+    env = cfg.env if allow_tools else dataclasses.replace(cfg.env, options={**cfg.env.options, "allow_tools": False})
     model, tok = load_model_and_tokenizer(model_dir, seed=cfg.seed)
     splits = C.build_splits(cfg, tok)
     generator = TorchGenerator(model.eval(), tok, cfg.generator)

@@ -1,6 +1,6 @@
 """The environments of a batch of episodes, behind one batched interface: `reset`, `step` and `finish` take the
 episodes' keys. LocalEnvs runs them in this process; workers/env.py serves the same calls from env worker
-processes (workers/remote.py: RemoteEnvs), so the token layer plays episodes the same way wherever they run.
+processes (workers/episodes.py: RemoteEnvs), so the token layer plays episodes the same way wherever they run.
 
 A failing or hanging step never raises here: it ends that episode with status `error` or `timeout`.
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 
@@ -109,23 +109,31 @@ class CrashingEnv(CalculatorEnvironment):
 
 
 class HangingEnv(CalculatorEnvironment):
+    """Its step blocks until the test releases it."""
+
+    def __init__(self):
+        super().__init__()
+        self.release, self.returned = threading.Event(), threading.Event()
+
     def step(self, message):
-        time.sleep(5)
+        self.release.wait(60)
+        self.returned.set()
         return StepResult(done=True)
 
 
 def test_each_failure_ends_its_own_episode_with_its_status_and_the_others_complete():
-    envs = [CrashingEnv(), HangingEnv(), CalculatorEnvironment(), CalculatorEnvironment(), CalculatorEnvironment(),
+    hanging = HangingEnv()
+    envs = [CrashingEnv(), hanging, CalculatorEnvironment(), CalculatorEnvironment(), CalculatorEnvironment(),
             CalculatorEnvironment()]
     scripts = {0: [CALL], 1: [CALL], 2: ['<tool_call>{"name": "calculate", "arguments": </tool_call>'],
                3: [format_tool_call("search", query="x")], 4: [CALL] * 4, 5: [CALL, "#### 1786"]}
-    t0 = time.perf_counter()
     runs, _, episodes = play(envs, scripts, EnvConfig(name="calculator", max_turns=3, max_tokens=800,
                                                       step_timeout_s=0.3))
     statuses = [e.completion.metadata["status"] for e in episodes]
     assert statuses == ["error", "timeout", "parse_error", "unknown_tool", "truncated_turns", "completed"]
     assert [e.reward for e in episodes] == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-    assert time.perf_counter() - t0 < 5  # the hung step was abandoned, not waited for
+    assert not hanging.returned.is_set()  # the hung step was abandoned, not waited for
+    hanging.release.set()
     metrics = env_metrics(episodes)
     assert metrics["env/status_completed"] == pytest.approx(1 / 6)
     assert metrics["env/status_truncated_turns"] == pytest.approx(1 / 6)
