@@ -79,11 +79,50 @@ def group_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> list[
     return out
 
 
+def turn_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> list[list[float] | None]:
+    """Per-token advantages [T] of every episode of `groups` (in order) whose metadata has `turn_returns`
+    (env.credit: turn), else None. The tokens the model generated in turn t get the estimator's advantage of the
+    episode's return from turn t on, among the group's episodes that reached turn t; inserted tokens get 0. Turn 0's
+    advantage is the episode's `group_advantages` one."""
+    values, buckets, keys, index = [], [], [], {}
+    heads = []  # per episode: its head's (group, position) — a continuation shares its head's turns
+    for g_i, g in enumerate(groups):
+        for e_i, e in enumerate(g.episodes):
+            head = heads[-1] if e.continues else (g_i, e_i)
+            heads.append(head)
+            if e.continues:
+                continue
+            for t, value in enumerate(e.completion.metadata.get("turn_returns", [])):
+                values.append(value)
+                buckets.append(index.setdefault((g_i, t), len(index)))
+                keys.append((g_i, e_i, t))
+    adv = compute_advantages(name, torch.tensor(values, dtype=torch.float64), torch.tensor(buckets, dtype=torch.long),
+                             **kwargs).tolist() if values else []
+    by_turn = dict(zip(keys, adv, strict=True))
+    out: list[list[float] | None] = []
+    for e, (g_i, e_i) in zip((e for g in groups for e in g.episodes), heads, strict=True):
+        meta = e.completion.metadata
+        if "turn_returns" not in meta:
+            out.append(None)
+            continue
+        mask = e.completion.loss_mask or [1] * len(e.completion.token_ids)
+        starts = list(meta["turn_starts"]) + [len(mask)]
+        tokens = [0.0] * len(mask)
+        for k in range(len(starts) - 1):
+            a = by_turn[(g_i, e_i, meta["first_turn"] + k)]
+            for j in range(starts[k], starts[k + 1]):
+                tokens[j] = a if mask[j] else 0.0
+        out.append(tokens)
+    return out
+
+
 def assign_group_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> None:
-    """Compute advantages for every episode of `groups` in place."""
+    """Compute advantages for every episode of `groups` in place (and per-token ones where rewards are credited
+    per turn)."""
     adv = group_advantages(groups, name, **kwargs)
-    for episode, a in zip((e for g in groups for e in g.episodes), adv, strict=True):
-        episode.advantage = a
+    tokens = turn_advantages(groups, name, **kwargs)
+    for episode, a, t in zip((e for g in groups for e in g.episodes), adv, tokens, strict=True):
+        episode.advantage, episode.token_advantages = a, t
 
 
 def is_informative(group: Group, tol: float = 1e-9) -> bool:

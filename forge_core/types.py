@@ -32,6 +32,7 @@ class Episode:
     reward: float = 0.0
     reward_breakdown: dict[str, float] = field(default_factory=dict)
     advantage: float = 0.0
+    token_advantages: list[float] | None = None  # [T] per completion token, when rewards are credited per turn
     ref_logprobs: list[float] | None = None
     # a later sample of the episode before it in its group (a chat template could not extend that one's prefix):
     # it trains with that episode's advantage and is left out of the group's statistics

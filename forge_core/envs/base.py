@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 Message = dict[str, Any]
 
 # how an episode ended (env/status_* metrics); every episode ends with exactly one
+CREDITS = ("episode", "turn")  # env.credit: where per-turn rewards are credited
 STATUSES = ("completed", "truncated_turns", "truncated_length", "parse_error", "unknown_tool", "timeout", "error")
 
 
@@ -59,6 +60,10 @@ class EnvConfig:
     max_tokens: int = 256  # tokens of an episode after its first prompt (generated and inserted)
     step_timeout_s: float = 10.0  # one env.step longer than this ends the episode as `timeout`
     num_replicas: int = 1  # env worker processes of a run on workers (episode k plays on replica k % replicas)
+    # episode: per-turn rewards are summed into the episode's return, and every generated token gets its advantage;
+    # turn: each turn's tokens get the advantage of the reward from that turn on, against the group's episodes at
+    # the same turn (forge_core/advantages.py, turn_advantages)
+    credit: str = "episode"
     options: dict[str, Any] = field(default_factory=dict)  # the environment's constructor arguments
 
     def check(self, where: str = "env") -> None:
@@ -71,6 +76,8 @@ class EnvConfig:
             raise ValueError(f"{where}.num_replicas must be >= 1, got {self.num_replicas}")
         if self.step_timeout_s <= 0:
             raise ValueError(f"{where}.step_timeout_s must be > 0 seconds, got {self.step_timeout_s}")
+        if self.credit not in CREDITS:
+            raise ValueError(f"{where}.credit must be one of {list(CREDITS)}, got {self.credit!r}")
         if not isinstance(self.options, dict):
             raise ValueError(f"{where}.options must be a mapping of the environment's arguments, got "
                              f"{self.options!r}")

@@ -61,11 +61,15 @@ class Sample:
 
     prompt_text: str
     prompt_ids: list[int]
+    first_turn: int = 0  # the episode's turn whose tokens this sample's first generated span holds
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    turn_starts: list[int] = field(default_factory=list)  # where each generated turn starts in `ids`
 
     def extend(self, ids: Sequence[int], generated: bool, logprobs: Sequence[float] | None = None) -> None:
+        if generated:
+            self.turn_starts.append(len(self.ids))
         self.ids += list(ids)
         self.mask += [int(generated)] * len(ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
@@ -86,6 +90,7 @@ class EpisodeRun:
     tool_calls: int = 0
     tool_errors: int = 0
     reward: float = 0.0
+    turn_rewards: list[float] = field(default_factory=list)  # per turn (a turn the environment did not answer: 0)
     turn_versions: list[int] = field(default_factory=list)
     conversation: list[dict] = field(default_factory=list)  # messages with `generated` marks, for samples views
 
@@ -135,7 +140,10 @@ def apply_result(run: EpisodeRun, result: StepResult, generated: list[int], rend
                  config: EnvConfig) -> None:
     """The environment's answer to the turn: its reward and counts, then the end of the episode or its next
     prompt."""
-    run.reward += float(result.reward or 0.0)
+    reward = float(result.reward or 0.0)
+    run.reward += reward
+    run.turn_rewards += [0.0] * (run.turns - len(run.turn_rewards))
+    run.turn_rewards[-1] += reward
     run.tool_calls += int(result.info.get("tool_calls", 0))
     run.tool_errors += int(result.info.get("tool_errors", 0))
     if result.done:
@@ -165,13 +173,26 @@ def bridge(run: EpisodeRun, generated: list[int], new: list[Message], renderer: 
         run.text = full
         return
     # the template rewrote an earlier turn: the conversation so far becomes the prompt of a new sample
-    run.samples.append(Sample(full, renderer.encode(full)))
+    run.samples.append(Sample(full, renderer.encode(full), first_turn=run.turns))
     run.text = full
 
 
-def finish_episode(run: EpisodeRun, target: str, final_reward: float) -> list[Episode]:
-    """The episode's training samples (the first carries the episode; later ones have `continues`)."""
+def returns_to_go(turn_rewards: list[float], turns: int, final_reward: float) -> list[float]:
+    """Per turn t < `turns`: the rewards of turns t.. plus the final reward (turn 0's is the episode's return)."""
+    rewards = list(turn_rewards) + [0.0] * (turns - len(turn_rewards))
+    out, total = [], final_reward
+    for r in reversed(rewards):
+        total += r
+        out.append(total)
+    return out[::-1]
+
+
+def finish_episode(run: EpisodeRun, target: str, final_reward: float, credit: str = "episode") -> list[Episode]:
+    """The episode's training samples (the first carries the episode; later ones have `continues`). credit="turn":
+    each sample's metadata carries the episode's `turn_returns`, its `first_turn` and `turn_starts`, for per-turn
+    advantages."""
     run.reward += final_reward
+    turn_returns = returns_to_go(run.turn_rewards, run.turns, final_reward)
     episodes = []
     first = next((i for i, m in enumerate(run.conversation) if m["generated"]), len(run.conversation))
     text = transcript(run.conversation[first:])  # after the opening messages, which the prompt shows
@@ -179,6 +200,8 @@ def finish_episode(run: EpisodeRun, target: str, final_reward: float) -> list[Ep
         meta = {"status": run.status, "turns": run.turns, "tool_calls": run.tool_calls,
                 "tool_errors": run.tool_errors, "turn_versions": list(run.turn_versions),
                 "samples": len(run.samples), "conversation": run.conversation if i == 0 else []}
+        if credit == "turn":
+            meta.update(turn_returns=turn_returns, first_turn=s.first_turn, turn_starts=list(s.turn_starts))
         completion = Completion(text=text if i == 0 else "", token_ids=s.ids, logprobs=s.logprobs, metadata=meta,
                                 policy_version=min(run.turn_versions, default=0),
                                 stop_reason="eos" if run.status == "completed" else "length", loss_mask=s.mask)
@@ -254,7 +277,7 @@ def sample_env_groups(generator, problems: Sequence[Any], group_size: int, seed:
     groups = []
     for p, problem in enumerate(problems):
         span = range(p * group_size, (p + 1) * group_size)
-        episodes = [e for i in span for e in finish_episode(runs[i], problem.target, finals[i])]
+        episodes = [e for i in span for e in finish_episode(runs[i], problem.target, finals[i], config.credit)]
         groups.append(Group(episodes[0].prompt, problem.target, episodes, question=problem.question))
     return groups
 

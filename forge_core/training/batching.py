@@ -48,6 +48,18 @@ def collate(inputs: list[dict], padding_mask: torch.Tensor, pad_id: int) -> Poli
     return PolicyBatch(tokens, attn, positions, padding_mask.bool())
 
 
+def episode_advantages(episodes: list[Episode], t: int) -> torch.Tensor:
+    """[B] advantages, or [B, T] when any episode has per-token ones (env.credit: turn; the others' broadcast)."""
+    scalar = torch.tensor([e.advantage for e in episodes])
+    if all(e.token_advantages is None for e in episodes):
+        return scalar
+    out = scalar.unsqueeze(1).repeat(1, t)
+    for i, e in enumerate(episodes):
+        if e.token_advantages is not None:
+            out[i, :len(e.token_advantages)] = torch.tensor(e.token_advantages)
+    return out
+
+
 def episodes_to_train_inputs(episodes: list[Episode], pad_id: int) -> tuple[list[dict], dict]:
     """Trainer contract (inputs, targets) from scored episodes: prompt + completion tokens, advantages, logprobs."""
     t = max(1, max(len(e.completion.token_ids) for e in episodes))
@@ -73,7 +85,7 @@ def episodes_to_train_inputs(episodes: list[Episode], pad_id: int) -> tuple[list
         inputs.append({"tokens": torch.tensor(e.prompt_ids + ids, dtype=torch.long)})
     targets = {
         "response": response, "padding_mask": mask, "old_logprobs": old, "ref_logprobs": ref,
-        "advantages": torch.tensor([e.advantage for e in episodes]),
+        "advantages": episode_advantages(episodes, t),
     }
     if keep is not None:
         targets["loss_mask"] = keep

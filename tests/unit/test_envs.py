@@ -55,7 +55,7 @@ def play(envs, scripts, config=None, tasks=None, tokenizer=TOK):
     policy = ScriptedPolicy(scripts)
     run_episodes(policy, local, runs, SamplingParams(max_new_tokens=80), seed=11, config=config, renderer=renderer)
     finals = local.finish([r.key for r in runs])
-    return runs, policy, [e for r, f in zip(runs, finals, strict=True) for e in finish_episode(r, PRODUCT.target, f)]
+    return runs, policy, [e for r, f in zip(runs, finals, strict=True) for e in finish_episode(r, PRODUCT.target, f, config.credit)]
 
 
 CALL = format_tool_call("calculate", expression="47*38")
