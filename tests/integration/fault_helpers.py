@@ -142,13 +142,13 @@ def start_cli_run(overrides: dict, *args: str, hold_step: int = 0) -> subprocess
         cli += [f"--{key}", json.dumps(value) if not isinstance(value, str) else value]
     home = tempfile.mkdtemp(prefix="prefect-child-")
     env = {**os.environ, "PREFECT_HOME": home}
-    if hold_step:
-        env |= hold_step_env(hold_step, env=env)
+    hold = hold_step_env(hold_step, env=env) if hold_step else {}
+    env |= hold
     # output to a file: a pipe would stay open as long as any child (the embedded Prefect server) lives
     log = open(Path(home) / "cli.log", "w+")  # noqa: SIM115 (read back by output_of)
     proc = subprocess.Popen(cli, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own process group, as in a terminal
-    proc.log = log
+    proc.log, proc.hold = log, hold  # hold: for held_at / release
     return proc
 
 

@@ -80,22 +80,77 @@ def test_the_calculator_recipe_runs_three_steps_through_the_flow(tool_model):
     assert [m["generated"] for m in called[0]["conversation"]][:3] == [False, True, False]
 
 
-def test_a_killed_env_worker_mid_run_ends_with_the_uninterrupted_runs_weights(tool_model, monkeypatch):
+CONFIG = "configs/grpo_calculator_tool.yaml"
+
+
+@pytest.fixture(scope="module")
+def faulted_run(tool_model) -> tuple[dict, str]:
+    """Overrides of a pipelined calculator run (step v+1's episodes are played while v trains) and the final
+    state_sha256 of its uninterrupted run."""
+    from cli.reports import show_run
+    from flows.grpo import grpo_flow
+
+    # the entropy bonus moves the weights at every step, so a step replayed differently changes the final hash
+    run = {**CALC, "sft.init": str(tool_model), "sft.steps": 0, "steps": 4, "trainer.entropy_coef": 0.01,
+           "env.num_replicas": 1, "max_policy_age": 1}
+    reference = show_run(grpo_flow(config=CONFIG, overrides=run, run_name="env-uninterrupted")["run_id"])
+    return run, reference["final_checkpoint"]["state_sha256"]
+
+
+def test_a_killed_env_worker_mid_run_ends_with_the_uninterrupted_runs_weights(faulted_run, monkeypatch):
     from cli.reports import show_run
     from flows.grpo import grpo_flow
     from tests.integration.fault_helpers import kill_worker_when, steps_recorded
 
-    # the entropy bonus moves the weights at every step, so a step replayed differently changes the final hash
-    run = {**CALC, "sft.init": str(tool_model), "sft.steps": 0, "steps": 4, "trainer.entropy_coef": 0.01,
-           "env.num_replicas": 1}
-    config = "configs/grpo_calculator_tool.yaml"
-    reference = show_run(grpo_flow(config=config, overrides=run, run_name="env-uninterrupted")["run_id"])
+    run, reference_sha = faulted_run
     killed: list[int] = []
     watcher = kill_worker_when(monkeypatch, "env", 2, killed)
-    summary = grpo_flow(config=config, overrides=run, run_name="env-killed")
+    summary = grpo_flow(config=CONFIG, overrides=run, run_name="env-killed")
     watcher.join(timeout=1)
     assert killed, "the env worker was never killed: the test did not exercise recovery"
     assert [r["role"] for r in summary["recoveries"]] == ["env"]
     info = show_run(summary["run_id"])
     assert info["status"] == "completed" and steps_recorded(summary["run_id"]) == [1, 2, 3, 4]
-    assert info["final_checkpoint"]["state_sha256"] == reference["final_checkpoint"]["state_sha256"]
+    assert info["final_checkpoint"]["state_sha256"] == reference_sha
+
+
+def test_a_flow_process_killed_with_episodes_in_flight_resumes_with_the_uninterrupted_runs_weights(faulted_run):
+    import os
+    import signal
+
+    from cli.reports import show_run
+    from flows.grpo import grpo_flow
+    from runtime.orphan_guard import leftover_servers
+    from tests.integration.fault_helpers import (
+        existing_runs,
+        held_at,
+        output_of,
+        start_cli_run,
+        steps_recorded,
+        stop_group,
+        wait_for_new_run,
+        wait_until,
+    )
+    from workers.protocol import pid_alive
+
+    run, reference_sha = faulted_run
+    existing = existing_runs()
+    # held before recording step 3: step 4's episodes, started before step 3 trained, are in flight or done and
+    # recorded nowhere but in the dead process
+    proc = start_cli_run(run, "--config", CONFIG, "--run-name", "env-flow-killed", hold_step=3)
+    new = wait_for_new_run(existing, 2, proc)
+    wait_until(lambda: held_at(proc.hold, 3), "the run reaching step 3's record", patience_s=300)
+    live = show_run(new.name)
+    pids = [w["pid"] for w in live["workers"] if w["state"] == "running"]
+    assert "env" in {w["role"] for w in live["workers"]} and pids
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=300)
+    wait_until(lambda: not leftover_servers(proc.pid), "the embedded Prefect server of the killed CLI exiting")
+    stop_group(proc)
+    wait_until(lambda: not any(pid_alive(p) for p in pids), "every worker of the killed run exiting")
+    assert steps_recorded(new.name) == [1, 2], output_of(proc)[-8000:]
+    summary = grpo_flow(resume=new.name)
+    assert summary["run_id"] == new.name and summary["start_step"] == 2
+    info = show_run(new.name)
+    assert info["status"] == "completed" and steps_recorded(new.name) == [1, 2, 3, 4]
+    assert info["final_checkpoint"]["state_sha256"] == reference_sha
