@@ -155,14 +155,16 @@ def check_teacher(cfg: RunConfig, where: str) -> None:
 
 
 def check_correction_fits_loss(cfg: RunConfig) -> None:
-    """TIS hands the loss per-token weights: a loss whose forward does not name token_weights would drop them."""
+    """TIS and MIS hand the loss per-token weights: a loss whose forward does not name token_weights would drop
+    them."""
     from forge_core.losses import resolve_loss
     from forge_core.training.update import accepts_token_weights
 
-    if cfg.rollout_correction.mode == "tis" and not accepts_token_weights(resolve_loss(cfg.loss.name)):
-        raise ValueError(f"rollout_correction.mode tis needs a loss whose forward takes token_weights, and "
+    rc = cfg.rollout_correction
+    if rc.weighted and not accepts_token_weights(resolve_loss(cfg.loss.name)):
+        raise ValueError(f"rollout_correction.mode {rc.mode} needs a loss whose forward takes token_weights, and "
                          f"loss.name {cfg.loss.name!r} does not: add `token_weights=None` to its forward (multiply "
-                         "each token's policy-gradient term by it) or use rollout_correction.mode: mis")
+                         "each token's policy-gradient term by it) or use rollout_correction.mode: rejection")
 
 
 def looks_local(path: str) -> bool:

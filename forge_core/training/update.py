@@ -82,12 +82,12 @@ def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stal
         # inserted (environment) tokens have no behaviour logprob: they never enter the correction or its metrics
         fix = correct_rollout(proximal, behaviour, loss_mask_of(targets), correction)
         targets = {**targets, "old_logprobs": proximal}
-        if correction.mode == "mis":
-            targets["loss_mask"] = fix.mask  # ⊆ the loss mask it was given; padding_mask still locates the response
+        targets["loss_mask"] = fix.mask  # ⊆ the loss mask it was given; padding_mask still locates the response
         if fix.token_weights is not None:
             if not accepts_token_weights(trainer.loss_fn):
-                raise ValueError(f"rollout_correction.mode tis needs a loss whose forward takes token_weights; "
-                                 f"{type(trainer.loss_fn).__name__} does not — add the argument or use mode: mis")
+                raise ValueError(f"rollout_correction.mode {correction.mode} needs a loss whose forward takes "
+                                 f"token_weights; {type(trainer.loss_fn).__name__} does not — add the argument or "
+                                 "use mode: rejection")
             targets["token_weights"] = fix.token_weights
         extra.update(fix.metrics)
     elif behaviour is not None:

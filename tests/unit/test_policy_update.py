@@ -123,16 +123,66 @@ def test_tis_and_mis_weights_by_hand_at_float64():
     k3 = sum(math.exp(d) - 1 - d for d in deltas) / 5
     assert tis.metrics["rollout/behaviour_kl_k3"] == pytest.approx(k3)
 
+    rejection = correct_rollout(proximal, behaviour, mask, RolloutCorrection("rejection", "token", 2.0))
+    assert rejection.token_weights is None
+    assert rejection.mask.tolist() == [[False, True, True], [True, True, False]]  # 2.23 > 2 dropped, 0.61 ≥ 0.5 kept
+    assert rejection.metrics["rollout/is_masked_frac"] == pytest.approx(1 / 5)
+    # MIS: the same mask, and the kept tokens keep their importance weight (0 where masked)
     mis = correct_rollout(proximal, behaviour, mask, RolloutCorrection("mis", "token", 2.0))
-    assert mis.token_weights is None
-    assert mis.mask.tolist() == [[False, True, True], [True, True, False]]  # 2.23 > 2 dropped, 0.61 ≥ 0.5 kept
-    assert mis.metrics["rollout/is_masked_frac"] == pytest.approx(1 / 5)
+    assert mis.mask.tolist() == rejection.mask.tolist()
+    assert mis.token_weights.flatten().tolist() == pytest.approx([0.0, w[0][1], 1.0, w[1][0], 1.0, 0.0])
+    # cap_low raises the floor: 0.61 < 0.7 now leaves the loss
+    high_floor = correct_rollout(proximal, behaviour, mask, RolloutCorrection("mis", "token", 2.0, cap_low=0.7))
+    assert high_floor.mask.tolist() == [[False, False, True], [False, True, False]]
+    assert high_floor.token_weights.flatten().tolist() == pytest.approx([0.0, 0.0, 1.0, 0.0, 1.0, 0.0])
+    # TIS has no floor unless asked: cap_low lifts the small weights
+    floored = correct_rollout(proximal, behaviour, mask, RolloutCorrection("tis", "token", 2.0, cap_low=0.7))
+    assert floored.token_weights[0].tolist() == pytest.approx([2.0, 0.7, 1.0])
 
     seq = correct_rollout(proximal, behaviour, mask, RolloutCorrection("tis", "sequence", 2.0))
     assert seq.token_weights[0].tolist() == pytest.approx([math.exp(0.3)] * 3)  # e^(0.8-0.5) = 1.35 per token
     assert seq.token_weights[1, 0].item() == pytest.approx(math.exp(-0.5))
     seq_mis = correct_rollout(proximal, behaviour, mask, RolloutCorrection("mis", "sequence", 1.6))
     assert seq_mis.mask.tolist() == [[True, True, True], [False, False, False]]  # 1.35 ≤ 1.6, 0.61 < 1/1.6
+    assert seq_mis.token_weights[0].tolist() == pytest.approx([math.exp(0.3)] * 3)
+
+
+def test_geometric_keeps_sequences_by_their_mean_log_ratio_and_weighs_their_tokens_one_by_one():
+    mask = torch.tensor([[True, True, True, True], [True, True, False, False], [True, True, True, False]])
+    behaviour = torch.zeros(3, 4, dtype=torch.float64)
+    # log ratios: row 0 mean 0.1 (kept), row 1 mean -0.8 (exp -0.8 = 0.45 < 1/2: dropped), row 2 mean 0.6 (kept at
+    # cap 2: e^0.6 = 1.82), though its token 0.9 alone would be truncated at the cap
+    proximal = torch.tensor([[0.5, -0.3, 0.4, -0.2], [-0.6, -1.0, 7.0, 7.0], [0.9, 0.3, 0.6, 5.0]],
+                            dtype=torch.float64)
+    rc = RolloutCorrection("mis", "geometric", 2.0)
+    fix = correct_rollout(proximal, behaviour, mask, rc)
+    assert fix.mask.tolist() == [[True] * 4, [False] * 4, [True, True, True, False]]
+    want = [[math.exp(d) for d in (0.5, -0.3, 0.4, -0.2)], [0.0] * 4, [2.0, math.exp(0.3), math.exp(0.6), 0.0]]
+    for row, expected in zip(fix.token_weights.tolist(), want, strict=True):
+        assert row == pytest.approx(expected)
+    assert fix.metrics["rollout/is_masked_frac"] == pytest.approx(2 / 9)
+    rejected = correct_rollout(proximal, behaviour, mask, RolloutCorrection("rejection", "geometric", 2.0))
+    assert rejected.mask.tolist() == fix.mask.tolist() and rejected.token_weights is None
+    with pytest.raises(ValueError, match="level geometric masks whole sequences"):
+        RolloutCorrection("tis", "geometric").validate()
+    with pytest.raises(ValueError, match=r"rollout_correction.cap_low must be a number in \[0, 1\)"):
+        RolloutCorrection("mis", cap_low=1.5).validate()
+
+
+def test_mis_weights_the_gradient_of_the_tokens_it_keeps():
+    """MIS (IcePop): g = Σ mask·w·A·∇log π; rejection drops the w, leaving the survivors' bias."""
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    behaviour = torch.tensor([[-1.0, -1.0, -1.0]], dtype=torch.float64)
+    proximal = torch.tensor([[-0.7, -1.2, -3.0]], dtype=torch.float64)  # w = e^0.3, e^-0.2, e^-2 (masked)
+    grads = {}
+    for mode in ("mis", "rejection"):
+        fix = correct_rollout(proximal, behaviour, mask, RolloutCorrection(mode, "token", 2.0))
+        logprobs = proximal.float().clone().requires_grad_(True)
+        get_loss("reinforce")(logprobs, None, torch.tensor([1.0]), fix.mask, token_weights=fix.token_weights,
+                              num_tokens=float(fix.mask.sum())).backward()
+        grads[mode] = logprobs.grad[0].tolist()
+    assert grads["mis"] == pytest.approx([-math.exp(0.3) / 2, -math.exp(-0.2) / 2, 0.0])
+    assert grads["rejection"] == pytest.approx([-0.5, -0.5, 0.0])
 
 
 def test_tis_weights_scale_each_tokens_gradient():
@@ -159,19 +209,21 @@ def test_epochs_make_the_clip_engage_and_the_losses_differ():
     assert any(not torch.equal(p, q) for p, q in zip(grads["grpo"], grads["gspo"], strict=True))
 
 
-def test_a_custom_loss_of_todays_contract_trains_with_mini_batches_and_mis():
+def test_a_custom_loss_of_todays_contract_trains_with_mini_batches_and_rejection():
     trainer, tok = fresh(ScaledReinforceLoss(scale=2.0), lr=1e-3, mini_batches=2, epochs=2)
     inputs, targets = make_batch(tok)
     mask = targets["padding_mask"]
     noise = 0.4 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
     targets["old_logprobs"] = torch.where(mask, trainer.proximal_logprobs(inputs, mask) + noise, 0.0)  # behaviour
     before = params(trainer)
-    metrics = update_policy(trainer, inputs, targets, seed=0, correction=RolloutCorrection("mis", "token", 1.5))
+    metrics = update_policy(trainer, inputs, targets, seed=0,
+                            correction=RolloutCorrection("rejection", "token", 1.5))
     assert metrics["optimizer_steps"] == 4.0 and metrics["scale"] == 2.0
     assert 0 < metrics["rollout/is_masked_frac"] < 1  # |noise| > log 1.5 masks a token
     assert any(not torch.equal(p, q) for p, q in zip(before, params(trainer), strict=True))
-    with pytest.raises(ValueError, match="tis needs a loss whose forward takes token_weights"):
-        update_policy(trainer, inputs, targets, seed=0, correction=RolloutCorrection("tis"))
+    for mode in ("tis", "mis"):
+        with pytest.raises(ValueError, match=f"{mode} needs a loss whose forward takes token_weights"):
+            update_policy(trainer, inputs, targets, seed=0, correction=RolloutCorrection(mode))
 
 
 def test_masked_tokens_leave_the_loss_and_its_normaliser():
