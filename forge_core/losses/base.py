@@ -7,6 +7,9 @@ from torch import nn
 
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+# standard: the estimator's own gradient (GRPO/DeepSeekMath, TRL, verl); unbiased: the estimator × π/sg(π_sampler),
+# whose gradient is the score-function-corrected one, unbiased for the reverse KL with k1 and k3 (Tang & Munos 2025)
+KL_GRADIENTS = ("standard", "unbiased")
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -120,6 +123,8 @@ class PolicyLoss(nn.Module):
                              "(usually generator.max_new_tokens)")
         if "kl_estimator" in hyperparams and hyperparams["kl_estimator"] not in KL_ESTIMATORS:
             raise ValueError(f"unknown loss.kl_estimator {hyperparams['kl_estimator']!r}; choose one of {KL_ESTIMATORS}")
+        if "kl_gradient" in hyperparams and hyperparams["kl_gradient"] not in KL_GRADIENTS:
+            raise ValueError(f"unknown loss.kl_gradient {hyperparams['kl_gradient']!r}; choose one of {KL_GRADIENTS}")
         clips = [hyperparams.get(k) for k in ("clip_low", "clip_high") if hyperparams.get(k) is not None]
         if any(c < 0 for c in clips):
             raise ValueError(f"loss.clip_low/clip_high must be >= 0; got {hyperparams.get('clip_low')}, "
@@ -133,8 +138,12 @@ class PolicyLoss(nn.Module):
         """The policy-gradient term of each token times its detached rollout-correction weight [B, T] (TIS)."""
         return per_token if token_weights is None else per_token * token_weights.detach().to(per_token.dtype)
 
-    def add_kl(self, per_token, logprobs, ref_logprobs, mask, beta: float, estimator: str) -> torch.Tensor:
-        """Add beta * KL(ref) to the per-token loss and record `kl_mean`; ref may be None only when beta == 0."""
+    def add_kl(self, per_token, logprobs, ref_logprobs, mask, beta: float, estimator: str,
+               sampler_logprobs: torch.Tensor | None = None) -> torch.Tensor:
+        """Add beta * KL(ref) to the per-token loss [B, T] and record `kl_mean`; ref may be None only when beta == 0.
+        With self.kl_gradient "unbiased" each token's KL is × π/sg(π_sampler) (value unchanged on-policy): the
+        estimate's gradient then includes the score term that sampling from π needs, ∇log π · k. `sampler_logprobs`:
+        the policy the tokens were drawn from ([B, T]; None: the current one, detached)."""
         if ref_logprobs is None:
             if beta != 0.0:
                 raise ValueError(
@@ -144,6 +153,8 @@ class PolicyLoss(nn.Module):
         kl = kl_penalty(logprobs, ref_logprobs, estimator, mask)
         n = mask.sum().clamp(min=1)
         self.metrics["kl_mean"] = (masked_sum(kl.detach(), mask) / n).item()
+        if getattr(self, "kl_gradient", "standard") == "unbiased":
+            kl = kl * torch.exp(log_ratio(logprobs, sampler_logprobs, mask))
         return per_token + beta * kl if beta != 0.0 else per_token
 
 

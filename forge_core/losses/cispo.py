@@ -18,10 +18,12 @@ class CISPOLoss(PolicyLoss):
     """Per token -sg(clip(r, 1-clip_low, 1+clip_high))·A·lp, token-mean over the batch."""
 
     def __init__(self, clip_low: float | None = None, clip_high: float = 4.0, beta: float = 0.0,
-                 kl_estimator: str = "k3", aggregation: str = "token-mean", max_len: int | None = None) -> None:
+                 kl_estimator: str = "k3", aggregation: str = "token-mean", max_len: int | None = None,
+                 kl_gradient: str = "standard") -> None:
         super().__init__(aggregation, max_len)
-        self.check(clip_low=clip_low, clip_high=clip_high, kl_estimator=kl_estimator)
+        self.check(clip_low=clip_low, clip_high=clip_high, kl_estimator=kl_estimator, kl_gradient=kl_gradient)
         self.clip_low, self.clip_high, self.beta, self.kl_estimator = clip_low, clip_high, beta, kl_estimator
+        self.kl_gradient = kl_gradient
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
                 num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
@@ -39,5 +41,6 @@ class CISPOLoss(PolicyLoss):
             "clip_frac_high": masked_fraction(ratio > 1.0 + self.clip_high, mask),
         }
         per_token = self.weigh(per_token, token_weights)
-        per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
+        per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator,
+                                old_logprobs)
         return self.reduce(per_token, mask, num_tokens, num_seqs)

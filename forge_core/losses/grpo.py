@@ -26,11 +26,13 @@ class GRPOLoss(PolicyLoss):
         aggregation: str = "seq-mean-token-mean",
         max_len: int | None = None,
         clip_ratio_c: float | None = None,
+        kl_gradient: str = "standard",
     ) -> None:
         super().__init__(aggregation, max_len)
-        self.check(kl_estimator=kl_estimator, clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c)
+        self.check(kl_estimator=kl_estimator, clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c,
+                   kl_gradient=kl_gradient)
         self.clip_low, self.clip_high, self.beta = clip_low, clip_high, beta
-        self.kl_estimator, self.clip_ratio_c = kl_estimator, clip_ratio_c
+        self.kl_estimator, self.clip_ratio_c, self.kl_gradient = kl_estimator, clip_ratio_c, kl_gradient
 
     @classmethod
     def check(cls, **hyperparams) -> None:
@@ -68,7 +70,8 @@ class GRPOLoss(PolicyLoss):
             self.metrics["clip_frac_dual"] = masked_fraction((per_token > capped) & (adv < 0), mask)
             per_token = torch.where(adv < 0, capped, per_token)
         per_token = self.weigh(per_token, token_weights)
-        per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
+        per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator,
+                                old_logprobs)
         return self.reduce(per_token, mask, num_tokens, num_seqs)
 
 
@@ -85,10 +88,10 @@ class SimpleGRPOLoss(PolicyLoss):
     """On-policy GRPO: -(exp(lp - sg(lp))·A - beta·k3), seq-mean-token-mean."""
 
     def __init__(self, beta: float = 0.1, kl_estimator: str = "k3", aggregation: str = "seq-mean-token-mean",
-                 max_len: int | None = None) -> None:
+                 max_len: int | None = None, kl_gradient: str = "standard") -> None:
         super().__init__(aggregation, max_len)
-        self.check(kl_estimator=kl_estimator)
-        self.beta, self.kl_estimator = beta, kl_estimator
+        self.check(kl_estimator=kl_estimator, kl_gradient=kl_gradient)
+        self.beta, self.kl_estimator, self.kl_gradient = beta, kl_estimator, kl_gradient
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
                 num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
@@ -98,5 +101,5 @@ class SimpleGRPOLoss(PolicyLoss):
         ratio = torch.exp(log_ratio(logprobs, None, mask))
         self.metrics = {**ratio_metrics(ratio, mask), "clip_frac_low": 0.0, "clip_frac_high": 0.0}
         per_token = self.add_kl(self.weigh(-ratio * adv, token_weights), logprobs, ref_logprobs, mask, self.beta,
-                                self.kl_estimator)
+                                self.kl_estimator)  # on-policy: sampled from the current policy
         return self.reduce(per_token, mask, num_tokens, num_seqs)

@@ -31,10 +31,11 @@ class GSPOLoss(PolicyLoss):
     """Per sequence max(-A·s, -A·clip(s, 1-clip_low, 1+clip_high)), s = exp(mean token log-ratio); seq mean."""
 
     def __init__(self, clip_low: float = 3e-4, clip_high: float = 4e-4, beta: float = 0.0,
-                 kl_estimator: str = "k3") -> None:
+                 kl_estimator: str = "k3", kl_gradient: str = "standard") -> None:
         super().__init__("seq-mean-token-mean")
-        self.check(clip_low=clip_low, clip_high=clip_high, kl_estimator=kl_estimator)
+        self.check(clip_low=clip_low, clip_high=clip_high, kl_estimator=kl_estimator, kl_gradient=kl_gradient)
         self.clip_low, self.clip_high, self.beta, self.kl_estimator = clip_low, clip_high, beta, kl_estimator
+        self.kl_gradient = kl_gradient
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
                 num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
@@ -55,7 +56,8 @@ class GSPOLoss(PolicyLoss):
         denom = num_seqs if num_seqs is not None else valid.sum().clamp(min=1)
         loss = masked_sum(per_seq, valid) / denom
         if ref_logprobs is not None or self.beta != 0.0:
-            kl = self.add_kl(torch.zeros_like(logprobs), logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
+            kl = self.add_kl(torch.zeros_like(logprobs), logprobs, ref_logprobs, mask, self.beta, self.kl_estimator,
+                                old_logprobs)
             loss = loss + self.reduce(kl, mask, num_tokens, num_seqs)
         return loss
 
@@ -78,5 +80,6 @@ class GSPOTokenLoss(GSPOLoss):
             "clip_frac_high": masked_fraction((s_tok > 1.0 + self.clip_high) & (adv > 0), mask),
         }
         per_token = self.weigh(per_token, token_weights)
-        per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
+        per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator,
+                                old_logprobs)
         return self.reduce(per_token, mask, num_tokens, num_seqs)

@@ -18,10 +18,10 @@ class ReinforceLoss(PolicyLoss):
     """Per token -A·lp (times sg(min(r, clip_ratio)) when clip_ratio is set), token-mean."""
 
     def __init__(self, clip_ratio: float | None = None, beta: float = 0.0, kl_estimator: str = "k3",
-                 aggregation: str = "token-mean", max_len: int | None = None) -> None:
+                 aggregation: str = "token-mean", max_len: int | None = None, kl_gradient: str = "standard") -> None:
         super().__init__(aggregation, max_len)
-        self.check(clip_ratio=clip_ratio, kl_estimator=kl_estimator)
-        self.clip_ratio, self.beta, self.kl_estimator = clip_ratio, beta, kl_estimator
+        self.check(clip_ratio=clip_ratio, kl_estimator=kl_estimator, kl_gradient=kl_gradient)
+        self.clip_ratio, self.beta, self.kl_estimator, self.kl_gradient = clip_ratio, beta, kl_estimator, kl_gradient
 
     @classmethod
     def check(cls, **hyperparams) -> None:
@@ -43,5 +43,6 @@ class ReinforceLoss(PolicyLoss):
             per_token = per_token * torch.clamp(ratio, max=self.clip_ratio)
             self.metrics["clip_frac_high"] = masked_fraction(ratio > self.clip_ratio, mask)
         per_token = self.weigh(per_token, token_weights)
-        per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator)
+        per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator,
+                                old_logprobs)
         return self.reduce(per_token, mask, num_tokens, num_seqs)

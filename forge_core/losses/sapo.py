@@ -11,10 +11,12 @@ class SAPOLoss(PolicyLoss):
     """Per token -f(r)·A with f(r) = sigmoid(tau·(r-1))·4/tau, tau = tau_pos if A > 0 else tau_neg."""
 
     def __init__(self, tau_pos: float = 1.0, tau_neg: float = 1.05, beta: float = 0.0, kl_estimator: str = "k3",
-                 aggregation: str = "seq-mean-token-mean", max_len: int | None = None) -> None:
+                 aggregation: str = "seq-mean-token-mean", max_len: int | None = None,
+                 kl_gradient: str = "standard") -> None:
         super().__init__(aggregation, max_len)
-        self.check(tau_pos=tau_pos, tau_neg=tau_neg, kl_estimator=kl_estimator)
+        self.check(tau_pos=tau_pos, tau_neg=tau_neg, kl_estimator=kl_estimator, kl_gradient=kl_gradient)
         self.tau_pos, self.tau_neg, self.beta, self.kl_estimator = tau_pos, tau_neg, beta, kl_estimator
+        self.kl_gradient = kl_gradient
 
     @classmethod
     def check(cls, **hyperparams) -> None:
@@ -35,5 +37,5 @@ class SAPOLoss(PolicyLoss):
         gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
         self.metrics = {**ratio_metrics(ratio, mask), "clip_frac_low": 0.0, "clip_frac_high": 0.0}
         per_token = self.add_kl(self.weigh(-gate * adv, token_weights), logprobs, ref_logprobs, mask, self.beta,
-                                self.kl_estimator)
+                                self.kl_estimator, old_logprobs)
         return self.reduce(per_token, mask, num_tokens, num_seqs)
