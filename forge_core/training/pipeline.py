@@ -40,6 +40,8 @@ class PipelineTrainer(Trainer):
 
         self.model.train()
         mask, kept = targets["padding_mask"].bool(), loss_mask_of(targets)
+        if self.skips(kept, num_tokens):  # the stages all see the same rows: they skip together
+            return 0.0
         num_tokens = num_tokens or kept.sum().clamp(min=1).item()
         num_seqs = num_seqs or (kept.sum(-1) > 0).sum().clamp(min=1).item()
         batch = collate(inputs, mask, self.pad_id)
@@ -77,7 +79,7 @@ class PipelineTrainer(Trainer):
             raise RuntimeError(f"non-finite loss at step {self.step}; weights left unchanged — lower trainer.lr or "
                                "check the rewards/advantages")
         grad_norm = self._clip_gradients()
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = self.apply_lr()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

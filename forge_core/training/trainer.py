@@ -51,9 +51,10 @@ def add_mismatch(totals: StepTotals, current: torch.Tensor, behaviour: torch.Ten
     totals.maxima[top] = max(totals.maxima.get(top, 0.0), found[top])
 
 
-def lr_factor(step: int, config: TrainerConfig, total_steps: int) -> float:
-    """Multiplier of the base lr at optimizer step `step` (0-based): linear warmup then constant/cosine/linear.
-    config.warmup_steps and `total_steps` count RL steps, each config.optimizer_steps_per_step optimizer steps."""
+def lr_factor(step: float, config: TrainerConfig, total_steps: int) -> float:
+    """Multiplier of the base lr at optimizer step `step` (0-based; fractional when placed by RL progress): linear
+    warmup then constant/cosine/linear. config.warmup_steps and `total_steps` count RL steps, each
+    config.optimizer_steps_per_step optimizer steps."""
     per_step = config.optimizer_steps_per_step
     warmup, total = config.warmup_steps * per_step, total_steps * per_step
     if warmup and step < warmup:
@@ -94,6 +95,10 @@ class Trainer:
                                            weight_decay=config.weight_decay, fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, config, total_steps))
+        # where the next optimizer step falls in the run, in RL steps (update_policy sets it for each step it plans):
+        # the schedule then follows the run's progress, not a count of optimizer steps that skipped or smaller
+        # batches make fall short; None: the scheduler's count (SFT, direct callers)
+        self.position: float | None = None
         self.step = 0
         self.metrics: dict[str, float] = {}
         # LoRA runs with a KL term: the reference policy is this model with its adapters off (no reference copy)
@@ -142,6 +147,8 @@ class Trainer:
         targets = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in targets.items()}
         mask = targets["padding_mask"].bool()
         loss_mask = loss_mask_of(targets)
+        if self.skips(loss_mask, num_tokens):
+            return 0.0
         num_tokens = num_tokens or loss_mask.sum().clamp(min=1).item()
         num_seqs = num_seqs or (loss_mask.sum(-1) > 0).sum().clamp(min=1).item()
         mb = self.config.micro_batch_size
@@ -169,7 +176,7 @@ class Trainer:
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise RuntimeError(f"non-finite gradient norm at step {self.step}; weights left unchanged — lower trainer.lr")
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = self.apply_lr()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -177,6 +184,23 @@ class Trainer:
         self.metrics = {"loss": totals.loss, "grad_norm": grad_norm, "lr": lr, "entropy": totals.entropy / num_tokens,
                         "num_tokens": float(num_tokens), **totals.weighted, **totals.maxima}
         return totals.loss
+
+    def skips(self, loss_mask: torch.Tensor, num_tokens: float | None) -> bool:
+        """Whether this optimizer step has no token to learn from (every one masked; `num_tokens`: the whole
+        batch's count when this is one rank's share): then it is not made, as AdamW's momentum alone would still
+        move the weights; metrics say `skipped`."""
+        if (loss_mask.sum().item() if num_tokens is None else num_tokens) > 0:
+            return False
+        self.metrics = {"loss": 0.0, "num_tokens": 0.0, "skipped": 1.0}
+        return True
+
+    def apply_lr(self) -> float:
+        """Set the lr of the optimizer step about to be made (at self.position when set) and return it."""
+        if self.position is not None:
+            factor = lr_factor(self.position * self.config.optimizer_steps_per_step, self.config, self.total_steps)
+            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+                group["lr"] = base * factor
+        return self.optimizer.param_groups[0]["lr"]
 
     def micro_batch_loss(self, logprobs, entropy, mask, ref_logprobs, advantages, old_logprobs, num_tokens: float,
                          num_seqs: float, totals: StepTotals, token_weights=None) -> torch.Tensor:

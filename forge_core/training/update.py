@@ -51,24 +51,27 @@ def select_rows(inputs: list[dict], targets: dict, rows: torch.Tensor) -> tuple[
 
 def summarise_steps(per_step: list[dict[str, float]], epochs: int) -> dict[str, float]:
     """Mean of each metric over the optimizer steps (and the max of ratio/clip/KL/entropy/grad-norm ones)."""
-    keys = sorted({k for m in per_step for k in m})
-    out: dict[str, float] = {}
+    made = [m for m in per_step if not m.get("skipped")]  # a step with every token masked is not made
+    keys = sorted({k for m in made for k in m})
+    out: dict[str, float] = {} if made else {"loss": 0.0}
     for k in keys:
-        values = [m[k] for m in per_step if k in m]
+        values = [m[k] for m in made if k in m]
         if k == "num_tokens":  # the batch's tokens: every epoch sees all of them once
             out[k] = sum(values) / epochs
             continue
         out[k] = sum(values) / len(values)
         if any(tag in k for tag in SUMMARISED_MAX):
             out[f"{k}_max"] = max(values)
-    out["optimizer_steps"] = float(len(per_step))
+    out["optimizer_steps"] = float(len(made))
+    out["skipped"] = float(len(per_step) - len(made))
     return out
 
 
 def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stale: bool = False,
-                  correction: RolloutCorrection | None = None, step_fn: StepFn | None = None) -> dict[str, float]:
-    """All optimizer steps of one RL step on a batch (inputs/targets in the Trainer contract, targets' old_logprobs
-    = behaviour [B, T]). Returns the steps' loss metrics (unprefixed) plus rollout/* correction metrics.
+                  correction: RolloutCorrection | None = None, step_fn: StepFn | None = None,
+                  step: int | None = None) -> dict[str, float]:
+    """All optimizer steps of RL step `step` on a batch (inputs/targets in the Trainer contract, targets'
+    old_logprobs = behaviour [B, T]). Returns the steps' loss metrics (unprefixed) plus rollout/* correction metrics.
     `step_fn` runs one optimizer step (default: trainer.train_step; a sharded trainer all-reduces normalisers)."""
     s = trainer.config
     correction = correction or RolloutCorrection()
@@ -95,14 +98,24 @@ def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stal
         # ratio is π_θ / sg(π_θ) (value 1) and not π_θ / μ_generator, which a bf16 or another engine's generator
         # would make noise that clips tokens; the trainer still reports the behaviour/proximal mismatch
         targets = {**targets, "old_logprobs": None, "behaviour_logprobs": behaviour}
+    planned = s.mini_batches * s.epochs
     if s.mini_batches == 1 and s.epochs == 1:
+        place(trainer, step, 0, planned)
         per_step = [step_fn(inputs, targets)]  # today's single step, untouched
     else:
         per_step = []
         for epoch in range(s.epochs):
-            for rows in mini_batch_rows(len(inputs), s.mini_batches, seed + 104_729 * epoch):
+            for i, rows in enumerate(mini_batch_rows(len(inputs), s.mini_batches, seed + 104_729 * epoch)):
+                place(trainer, step, epoch * s.mini_batches + i, planned)
                 per_step.append(step_fn(*select_rows(inputs, targets, rows)))
     return {**summarise_steps(per_step, s.epochs), **extra}
+
+
+def place(trainer, step: int | None, index: int, planned: int) -> None:
+    """Put optimizer step `index` of the `planned` ones of RL step `step` on the lr schedule at step + index /
+    planned (None: leave the trainer's own count), so the schedule ends with the run whatever steps are skipped."""
+    if step is not None:
+        trainer.position = step + index / planned
 
 
 def train_on_episodes(trainer: Trainer, episodes: list[Episode], pad_id: int, *, step: int = 0, seed: int = 0,
@@ -117,5 +130,5 @@ def train_on_episodes(trainer: Trainer, episodes: list[Episode], pad_id: int, *,
     if stale is None:
         stale = any(e.completion.policy_version < step for e in episodes)
     metrics = update_policy(trainer, inputs, targets, seed=step_seed(seed, step, salt=2), stale=stale,
-                            correction=correction, step_fn=step_fn)
+                            correction=correction, step_fn=step_fn, step=step)
     return {k if k.startswith("rollout/") else f"loss/{k}": v for k, v in metrics.items()}

@@ -233,3 +233,46 @@ def test_masked_tokens_leave_the_loss_and_its_normaliser():
     keep[3, :4] = False  # mask half of row 3's tokens
     trainer.train_step(inputs, {**targets, "loss_mask": keep})
     assert trainer.metrics["num_tokens"] == float(keep.sum())
+
+
+def test_an_all_masked_mini_batch_makes_no_optimizer_step():
+    """Adam's momentum would move the weights on a step with zero gradients: a step with no token kept is not made."""
+    trainer, tok = fresh("grpo", lr=1e-2, mini_batches=2)
+    inputs, targets = make_batch(tok)
+    update_policy(trainer, inputs, targets, seed=0)  # real steps: Adam now has momentum
+    before, steps = params(trainer), trainer.step
+    masked = {**targets, "loss_mask": torch.zeros_like(targets["padding_mask"])}
+    metrics = update_policy(trainer, inputs, masked, seed=1)
+    assert metrics["optimizer_steps"] == 0.0 and metrics["skipped"] == 2.0 and metrics["loss"] == 0.0
+    assert trainer.step == steps
+    assert all(torch.equal(p, q) for p, q in zip(before, params(trainer), strict=True))
+    # one mini-batch masked, the other not: one step is made and its loss alone is reported
+    half = torch.zeros_like(targets["padding_mask"])
+    rows = mini_batch_rows(len(inputs), 2, 7)
+    half[rows[0]] = targets["padding_mask"][rows[0]]
+    metrics = update_policy(trainer, inputs, {**targets, "loss_mask": half}, seed=7)
+    assert metrics["optimizer_steps"] == 1.0 and metrics["skipped"] == 1.0 and metrics["loss"] != 0.0
+
+
+def test_the_lr_schedule_follows_the_rl_steps_when_fewer_optimizer_steps_happen():
+    """mini_batches 4 on a batch of 2 rows makes 2 optimizer steps per RL step, not 4: the cosine is placed by the
+    run's progress: RL step s starts at s/3 of the cosine (counting optimizer steps, the run would end before its
+    middle)."""
+    from forge_core.training import lr_factor
+
+    trainer, tok = fresh("grpo", lr=1e-2, mini_batches=4, schedule="cosine", total_steps=3)
+    inputs, targets = make_batch(tok)
+    inputs, targets = select_rows(inputs, targets, torch.arange(2))
+    lrs = []
+
+    def step_fn(i, t):
+        trainer.train_step(i, t)
+        lrs.append(trainer.metrics["lr"])
+        return dict(trainer.metrics)
+
+    for step in range(3):
+        update_policy(trainer, inputs, targets, seed=step, step=step, step_fn=step_fn)
+    positions = [0, 0.25, 1, 1.25, 2, 2.25]
+    assert lrs == pytest.approx([1e-2 * lr_factor(p * 4, trainer.config, 3) for p in positions])
+    counted = [1e-2 * lr_factor(i, trainer.config, 3) for i in range(6)]
+    assert lrs[-1] < 0.25 * counted[-1]  # 3/4 through the cosine; counting steps had it before its middle
