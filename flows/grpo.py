@@ -27,6 +27,7 @@ from prefect.states import Crashed
 from forge_core.models import load_tokenizer
 from forge_core.protocols import RolledBack
 from forge_core.recipes.iteration import run_grpo_steps
+from forge_core.recipes.reward_watch import RewardFailureWatch
 from forge_core.recipes.samples import sample_rows, samples_markdown
 from infra import checkpoints as ckpt
 from infra import components as C
@@ -330,8 +331,9 @@ def run_to_end(ctx: RunContext, roles, start: int, recorder: FlowRecorder) -> tu
     """Steps start..steps-1, then the final evaluation and checkpoint; a trainer rolled back by a recovery during
     those last two redoes the steps after its checkpoint. Returns (final eval metrics, final checkpoint path)."""
     step = start
+    watch = RewardFailureWatch(ctx.cfg.reward.max_failed_steps)
     while True:
-        run_grpo_steps(roles, C.run_schedule(ctx.cfg), step, recorder)
+        run_grpo_steps(roles, C.run_schedule(ctx.cfg), step, recorder, watch)
         try:
             after = recorder.evaluation(ctx.cfg.steps) or roles.generator.evaluate(ctx.cfg.steps)
             return after, final_checkpoint(ctx, roles)

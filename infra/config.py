@@ -56,6 +56,9 @@ class RefModelConfig:
 class RewardConfig:
     num_replicas: int = 1  # reward workers, called round-robin
     timeout_s: float = 10.0  # per episode; longer scores reward.fallback and is counted (0: no limit, in-process)
+    # a reward function that raises (or times out) on every episode of this many steps in a row ends the run with
+    # its error (0: never)
+    max_failed_steps: int = 3
 
 
 @dataclass

@@ -58,6 +58,9 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
                          f"{cfg.tracking.sample_prompts}")
     if cfg.reward.timeout_s < 0:
         raise ValueError(f"{where}: reward.timeout_s must be >= 0 (0: no limit), got {cfg.reward.timeout_s}")
+    if cfg.reward.max_failed_steps < 0:
+        raise ValueError(f"{where}: reward.max_failed_steps must be >= 0 (steps in a row a reward function may fail "
+                         f"on every episode before the run ends; 0: never), got {cfg.reward.max_failed_steps}")
     check_trainer_environment(cfg, where)
     check_sft_batch(cfg, where)
     check_teacher(cfg, where)

@@ -24,6 +24,7 @@ from forge_core.recipes.steps import (
     rollout_metrics,
     round_scorer,
     sample_batch,
+    set_reward_errors,
 )
 from forge_core.schedule import Schedule
 from forge_core.training.trainer import save_atomically
@@ -90,8 +91,9 @@ def remote_score(pool, groups: list[Group]) -> dict[str, float]:
     errors = timeouts = 0.0
     for i, (scores, metrics) in results.items():
         for g, row in zip(groups[bounds[i]:bounds[i + 1]], scores, strict=True):
-            for e, (total, breakdown) in zip(g.episodes, row, strict=True):
+            for e, (total, breakdown, raised) in zip(g.episodes, row, strict=True):
                 e.reward, e.reward_breakdown = total, breakdown
+                set_reward_errors(e, raised)
         errors += metrics["reward/errors"]
         timeouts += metrics["reward/timeouts"]
     return {**reward_metrics(groups, errors), "reward/timeouts": timeouts}

@@ -18,13 +18,15 @@ class RewardWorker(Worker):
         limit = cfg.reward.timeout_s
         self.reward = TimeLimitedReward(C.reward_entries(cfg), limit) if limit > 0 else C.build_reward(cfg)
 
-    def score(self, groups: list[Group]) -> tuple[list[list[tuple[float, dict]]], dict[str, float]]:
-        """Per-episode (reward, breakdown) for each group, and the reward/* metrics (incl. reward/timeouts)."""
+    def score(self, groups: list[Group]) -> tuple[list[list[tuple[float, dict, dict]]], dict[str, float]]:
+        """Per-episode (reward, breakdown, errors) for each group, and the reward/* metrics (incl. reward/timeouts)."""
         self.calls += 1
         before = getattr(self.reward, "timeouts", 0)
         metrics = steps.score_rewards(groups, self.reward)
         metrics["reward/timeouts"] = float(getattr(self.reward, "timeouts", 0) - before)
-        return [[(e.reward, e.reward_breakdown) for e in g.episodes] for g in groups], metrics
+        rows = [[(e.reward, e.reward_breakdown, e.completion.metadata.get("reward_errors", {})) for e in g.episodes]
+                for g in groups]
+        return rows, metrics
 
     def shutdown(self) -> bool:
         if isinstance(self.reward, TimeLimitedReward):

@@ -19,6 +19,7 @@ from forge_core.recipes.local import (
     LocalTrainer,
     ScoredDuringRollout,
 )
+from forge_core.recipes.reward_watch import RewardFailureWatch
 from forge_core.rewards import CombinedReward
 from forge_core.schedule import Schedule
 from forge_core.training import Trainer
@@ -43,6 +44,7 @@ class GRPOLoop:
     eval: EvalConfig = field(default_factory=EvalConfig)
     correction: RolloutCorrection = field(default_factory=RolloutCorrection)
     env: EnvConfig = field(default_factory=EnvConfig)
+    max_failed_reward_steps: int = 3  # reward.max_failed_steps: see forge_core/recipes/reward_watch.py
 
     def __post_init__(self) -> None:
         run, sampling = self.config, self.generator.params
@@ -73,5 +75,5 @@ class GRPOLoop:
     def run(self, start_step: int = 0, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
         """Steps start_step..config.steps-1; `on_step(step, metrics)` after each. Returns the metric history."""
         recorder = HistoryRecorder(on_step)
-        run_grpo_steps(self.roles, self.schedule, start_step, recorder)
+        run_grpo_steps(self.roles, self.schedule, start_step, recorder, RewardFailureWatch(self.max_failed_reward_steps))
         return recorder.history

@@ -17,6 +17,7 @@ from forge_core.protocols import (
     RolledBack,
     StepRecorder,
 )
+from forge_core.recipes.reward_watch import RewardFailureWatch
 from forge_core.schedule import Schedule
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class Roles:
 
 
 def run_iteration(roles: Roles, schedule: Schedule, step: int, ahead: list[PendingBatch],
-                  recorder: StepRecorder) -> list[PendingBatch]:
+                  recorder: StepRecorder, watch: RewardFailureWatch | None = None) -> list[PendingBatch]:
     """Step `step`: policy version step → step + 1. `ahead` holds the rollouts already started for step, step + 1,
     … (pipelined); returns those of step + 1, … .
 
@@ -57,6 +58,8 @@ def run_iteration(roles: Roles, schedule: Schedule, step: int, ahead: list[Pendi
     groups, metrics = admit_batch(roles, schedule, step, queue.pop(0).result() if queue else None)
     groups, reward_metrics = roles.reward.score(step, groups)
     metrics.update(reward_metrics)
+    if watch is not None:  # a reward function that raised on every episode of too many steps ends the run here
+        watch.see(step, metrics, groups)
     if roles.reference is not None:
         groups, ref_metrics = roles.reference.score(step, groups)
         metrics.update(ref_metrics)
@@ -91,14 +94,16 @@ def admit_batch(roles: Roles, schedule: Schedule, step: int, batch: Batch | None
     return groups, {**metrics, "rollout/stale_dropped": 1.0}
 
 
-def run_grpo_steps(roles: Roles, schedule: Schedule, start: int, recorder: StepRecorder) -> None:
+def run_grpo_steps(roles: Roles, schedule: Schedule, start: int, recorder: StepRecorder,
+                   watch: RewardFailureWatch | None = None) -> None:
     """Steps start..schedule.steps-1. When the trainer comes back from an older checkpoint (RolledBack), the later
-    steps are superseded in the records and the run continues from the checkpoint's step."""
+    steps are superseded in the records and the run continues from the checkpoint's step. `watch`: ends the run
+    (RewardFunctionFailed) when a reward function keeps raising on every episode."""
     step = start
     ahead = resume_ahead(roles, schedule, step)
     while step < schedule.steps:
         try:
-            ahead = run_iteration(roles, schedule, step, ahead, recorder)
+            ahead = run_iteration(roles, schedule, step, ahead, recorder, watch)
             step += 1
         except RolledBack as back:
             log.warning("trainer restored to step %d; continuing from there", back.step)

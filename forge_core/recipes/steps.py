@@ -23,6 +23,7 @@ from forge_core.envs.base import EnvConfig
 from forge_core.envs.episodes import env_metrics, sample_env_groups
 from forge_core.generation import SamplingParams, TorchGenerator
 from forge_core.protocols import Batch
+from forge_core.recipes.reward_watch import FAILED
 from forge_core.rewards import CombinedReward, MathReward
 from forge_core.seeding import step_seed
 from forge_core.training import Trainer, episodes_to_train_inputs, sequence_logprobs
@@ -109,12 +110,23 @@ def score_rewards(groups: list[Group], reward: CombinedReward) -> dict[str, floa
     scores = reward.score_batch([(e.prompt, e.completion.text, e.target) for e in episodes])
     for e, s in zip(episodes, scores, strict=True):
         e.reward, e.reward_breakdown = s.total, s.breakdown
+        set_reward_errors(e, s.errors)
     return reward_metrics(groups, errors=sum(len(s.errors) for s in scores))
 
 
+def set_reward_errors(episode: Episode, errors: dict[str, str]) -> None:
+    """Record on the episode which reward functions raised and how (what a RewardFailureWatch quotes); a rescored
+    episode forgets earlier errors."""
+    if errors:
+        episode.completion.metadata["reward_errors"] = dict(errors)
+    else:
+        episode.completion.metadata.pop("reward_errors", None)
+
+
 def reward_metrics(groups: list[Group], errors: float = 0.0) -> dict[str, float]:
-    """reward/mean, reward/std, reward/errors and the mean of each reward function over the scored episodes (the
-    same numbers however the groups were split over reward workers; an episode's continuation samples once)."""
+    """reward/mean, reward/std, reward/errors, the mean of each reward function and the share of episodes it raised
+    on (reward/failed/<name>) over the scored episodes (the same numbers however the groups were split over reward
+    workers; an episode's continuation samples once)."""
     episodes = [e for g in groups for e in g.episodes if not e.continues]
     totals = [e.reward for e in episodes]
     per_fn: dict[str, list[float]] = {}
@@ -124,6 +136,9 @@ def reward_metrics(groups: list[Group], errors: float = 0.0) -> dict[str, float]
     metrics = {"reward/mean": statistics.fmean(totals), "reward/std": statistics.pstdev(totals),
                "reward/errors": float(errors)}
     metrics.update({f"reward/{k}": statistics.fmean(v) for k, v in per_fn.items()})
+    # the share of episodes each function raised on (a RewardFailureWatch stops a run where one always does)
+    failed = [e.completion.metadata.get("reward_errors", {}) for e in episodes]
+    metrics.update({f"{FAILED}{k}": sum(k in f for f in failed) / len(episodes) for k in per_fn})
     return metrics
 
 

@@ -45,11 +45,11 @@ def build_reward(name: str, **kwargs) -> RewardFn:
 
 @dataclass
 class RewardScore:
-    """Weighted total plus each function's raw score; `errors` names the functions that raised."""
+    """Weighted total plus each function's raw score; `errors` maps the functions that raised to their error."""
 
     total: float
     breakdown: dict[str, float] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 class CombinedReward:
@@ -86,7 +86,7 @@ class CombinedReward:
             except Exception as exc:  # a user's reward must not crash the run; it is logged and counted
                 log.warning("reward %s raised %s: %s; scoring %s", name, type(exc).__name__, exc, self.fallback)
                 self.error_count += 1
-                result.errors.append(name)
+                result.errors[name] = f"{type(exc).__name__}: {exc}"
                 value = self.fallback
             result.breakdown[name] = value
             result.total += weight * value

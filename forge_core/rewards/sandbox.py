@@ -60,7 +60,7 @@ class TimeLimitedReward:
             raise RuntimeError(f"the reward scorer process did not start within {STARTUP_TIMEOUT_S:.0f}s")
 
     def score(self, prompt: str, response: str, target: str) -> RewardScore:
-        """Score one episode; a timeout scores `fallback` for every function, with errors ['timeout']."""
+        """Score one episode; a timeout scores `fallback` for every function, each with a timeout error."""
         return self.score_batch([(prompt, response, target)])[0]
 
     def score_batch(self, episodes: list[tuple[str, str, str]]) -> list[RewardScore]:
@@ -85,7 +85,8 @@ class TimeLimitedReward:
                     "(response starts %r)", self.timeout_s, self.fallback, response[:80])
         self.close(kill=True)
         breakdown = dict.fromkeys(self.names, self.fallback)
-        return RewardScore(sum(w * self.fallback for w in self.weights), breakdown, ["timeout"])
+        error = f"timed out after reward.timeout_s={self.timeout_s:g}s"
+        return RewardScore(sum(w * self.fallback for w in self.weights), breakdown, dict.fromkeys(self.names, error))
 
     def close(self, kill: bool = False) -> None:
         """Stop the child process (politely unless `kill`)."""

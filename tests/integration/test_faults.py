@@ -365,6 +365,24 @@ def test_hanging_and_raising_rewards_are_counted_and_the_run_completes(tmp_path)
     assert show_run(summary["run_id"])["status"] == "completed"
 
 
+def test_a_reward_function_that_always_raises_ends_the_run_with_its_error(tmp_path):
+    """Scoring every episode 0 would train nothing and still "succeed": after reward.max_failed_steps steps in a row
+    the run fails, quoting the function's error, with the steps before it on record."""
+    plugin = "tests.unit.reward_examples:always_raises"
+    rewards = [{"name": plugin, "key": "verifier"}]
+    existing = existing_runs()
+    with pytest.raises(Exception, match="reward function 'verifier' raised on every episode of 2 steps"):
+        grpo_flow(write_plugin_config(tmp_path, [plugin]), run_name="broken-verifier",
+                  overrides={**TINY, "steps": 6, "rewards": rewards, "reward.max_failed_steps": 2})
+    (run,) = [p for p in runs_root().iterdir() if p.name not in existing]
+    info = show_run(run.name)
+    assert info["status"] == "failed", info
+    assert "ModuleNotFoundError: No module named 'sympy_verifier'" in info["message"]
+    assert steps_recorded(run.name) == [1] and info["steps_completed"] == 1
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["reward/failed/verifier"] == 1.0
+
+
 def test_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint(tmp_path):
     plugin = "tests.unit.custom_loss_example:NaNAtCallLoss"
     overrides = {**TINY, "steps": 4, "loss": {"name": plugin, "at": 3}}

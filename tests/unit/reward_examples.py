@@ -21,3 +21,8 @@ def hangs_on_some_prompts(prompt: str, response: str, target: str) -> float:
     if len(prompt) % 2 == 0:
         time.sleep(60)
     return 0.0
+
+
+def always_raises(prompt: str, response: str, target: str) -> float:
+    """A verifier that cannot work at all (here: a missing dependency)."""
+    raise ModuleNotFoundError("No module named 'sympy_verifier'")

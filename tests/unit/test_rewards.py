@@ -85,7 +85,7 @@ def test_combined_reward_weights_breakdown_and_fallback(caplog):
     s = combo.score("q", "<think>ok</think><answer>4</answer>", "4")
     assert s.breakdown == {"math": 1.0, "thinking": 1.0, "bad": -0.25}
     assert s.total == pytest.approx(1.0 + 0.5 - 0.5)
-    assert s.errors == ["bad"] and combo.error_count == 1
+    assert s.errors == {"bad": "RuntimeError: boom"} and combo.error_count == 1
     assert "boom" in caplog.text
 
 
@@ -121,13 +121,14 @@ def test_hanging_reward_times_out_scores_fallback_and_scoring_goes_on():
         ok = reward.score("q", "fine", "1")
         assert ok.total == 2.5 and ok.breakdown == {"slow": 1.0, "flaky": 0.5} and not ok.errors
         hung = reward.score("q", "loop forever", "1")
-        assert hung.total == 0.0 and hung.errors == ["timeout"] and reward.timeouts == 1
+        timeout = "timed out after reward.timeout_s=0.5s"
+        assert hung.total == 0.0 and hung.errors == {"slow": timeout, "flaky": timeout} and reward.timeouts == 1
         raised = reward.score("q", "boom", "1")  # the restarted scorer still works; a raising reward is counted
-        assert raised.total == 2.0 and raised.errors == ["flaky"]
+        assert raised.total == 2.0 and raised.errors == {"flaky": "RuntimeError: boom"}
         # in a batch the hung episode is cut off and the ones after it are scored by a fresh scorer, in order
         batch = reward.score_batch([("q", "a", "1"), ("q", "loop", "1"), ("q", "boom", "1"), ("q", "b", "1")])
         assert [b.total for b in batch] == [2.5, 0.0, 2.0, 2.5] and reward.timeouts == 2
-        assert [b.errors for b in batch] == [[], ["timeout"], ["flaky"], []]
+        assert [sorted(b.errors) for b in batch] == [[], ["flaky", "slow"], ["flaky"], []]
     finally:
         reward.close()
     assert reward.proc is None
@@ -140,3 +141,35 @@ def test_time_limited_reward_rejects_bad_settings():
         TimeLimitedReward([{"name": "math"}], timeout_s=0)
     with pytest.raises(ValueError, match="unknown reward 'maths'"):
         TimeLimitedReward([{"name": "maths"}], timeout_s=1)
+
+
+def test_a_reward_function_failing_on_every_episode_for_max_failed_steps_ends_the_run_with_its_error():
+    from forge_core.recipes.reward_watch import RewardFailureWatch, RewardFunctionFailed
+    from forge_core.recipes.steps import score_rewards
+    from forge_core.types import Completion, Episode, Group
+
+    combo = CombinedReward.from_config([{"name": "math"}, {"name": "tests.unit.test_rewards:bad_reward", "key": "bad"}])
+
+    def scored(responses):
+        group = Group("q", "4", [Episode("q", "4", [1], Completion(r, [2], [0.0])) for r in responses])
+        return [group], score_rewards([group], combo)
+
+    groups, metrics = scored(["4", "5"])
+    assert metrics["reward/failed/bad"] == 1.0 and metrics["reward/failed/math"] == 0.0
+    assert groups[0].episodes[0].completion.metadata["reward_errors"] == {"bad": "RuntimeError: boom"}
+    watch = RewardFailureWatch(3)
+    watch.see(0, metrics, groups)
+    watch.see(1, metrics, groups)
+    watch.see(2, {**metrics, "reward/failed/bad": 0.5}, groups)  # it worked once: the count starts again
+    watch.see(3, metrics, groups)
+    watch.see(4, metrics, groups)
+    with pytest.raises(RewardFunctionFailed, match=r"reward function 'bad' raised on every episode of 3 steps in a "
+                                                   r"row \(steps 3..5\).*its error: RuntimeError: boom.*"
+                                                   r"reward.max_failed_steps \(3\)"):
+        watch.see(5, metrics, groups)
+    never = RewardFailureWatch(0)
+    for step in range(10):
+        never.see(step, metrics, groups)
+    # every group dropped by dynamic sampling: the message says where the error is
+    with pytest.raises(RewardFunctionFailed, match="the reward worker's log shows it"):
+        RewardFailureWatch(1).see(0, metrics, [])
