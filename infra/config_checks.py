@@ -164,6 +164,9 @@ def check_correction_fits_loss(cfg: RunConfig) -> None:
     from forge_core.training.update import accepts_token_weights
 
     rc = cfg.rollout_correction
+    if rc.enabled and cfg.trainer.recompute_proximal == "never":
+        raise ValueError(f"rollout_correction.mode {rc.mode} compares the trainer's proximal policy with the "
+                         "generator's, and trainer.recompute_proximal: never computes none; use auto (or always)")
     if rc.weighted and not accepts_token_weights(resolve_loss(cfg.loss.name)):
         raise ValueError(f"rollout_correction.mode {rc.mode} needs a loss whose forward takes token_weights, and "
                          f"loss.name {cfg.loss.name!r} does not: add `token_weights=None` to its forward (multiply "

@@ -13,6 +13,7 @@ BACKENDS = ("hf", "titan")
 SCHEDULES = ("constant", "cosine", "linear")
 CHECKPOINTING = ("none", "full", "selective")
 SFT_RESPONSES = ("target", "solution")
+PROXIMAL = ("auto", "always", "never")  # trainer.recompute_proximal
 
 
 @dataclass
@@ -42,6 +43,12 @@ class TrainerConfig:
     entropy_coef: float = 0.0
     mini_batches: int = 1  # optimizer steps per rollout batch (PPO mini-batches; each normalised over its tokens)
     epochs: int = 1  # passes over the rollout batch
+    # the proximal policy (PPO's "old", what the clip is taken against) is the trainer's own weights at the start of
+    # the step. auto: recomputed by the trainer whenever it can differ from the current one (several optimizer
+    # steps, a stale batch, rollout correction; one fresh on-policy step uses the current weights, ratio 1);
+    # always: recomputed even then (one more forward pass); never: the generator's logprobs stand in (saves that
+    # pass; right only when the generator is bit-identical to the trainer: same engine, dtype and weights)
+    recompute_proximal: str = "auto"
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank 0: full fine-tuning; rank > 0: adapters only
 
     @property
@@ -52,7 +59,7 @@ class TrainerConfig:
     def check(self, where: str = "trainer") -> None:
         """ValueError naming the key and the fix for a value, or a combination within the section, that cannot work."""
         for key, options in (("backend", BACKENDS), ("schedule", SCHEDULES),
-                             ("activation_checkpointing", CHECKPOINTING)):
+                             ("activation_checkpointing", CHECKPOINTING), ("recompute_proximal", PROXIMAL)):
             if getattr(self, key) not in options:
                 raise ValueError(f"{where}.{key} = {getattr(self, key)!r} is not one of {list(options)}")
         for key in ("procs", "micro_batch_size", "mini_batches", "epochs"):

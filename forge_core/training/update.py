@@ -30,8 +30,12 @@ def accepts_token_weights(loss) -> bool:
     return "token_weights" in inspect.signature(forward).parameters
 
 
-def needs_proximal(mini_batches: int, epochs: int, stale: bool, correction: RolloutCorrection) -> bool:
-    """Whether the proximal policy can differ from the behaviour one, so it must be computed."""
+def needs_proximal(mini_batches: int, epochs: int, stale: bool, correction: RolloutCorrection,
+                   recompute: str = "auto") -> bool:
+    """Whether the trainer computes the proximal policy's logprobs before the step (trainer.recompute_proximal):
+    auto when it can differ from the current policy at the first optimizer step, always, or never."""
+    if recompute != "auto":
+        return recompute == "always"
     return mini_batches * epochs > 1 or stale or correction.enabled
 
 
@@ -80,7 +84,15 @@ def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stal
     if getattr(trainer, "reference_from_base", False) and targets.get("ref_logprobs") is None:
         targets = {**targets, "ref_logprobs": trainer.reference_logprobs(inputs, targets["padding_mask"])}
     behaviour = targets.get("old_logprobs")
-    if behaviour is not None and needs_proximal(s.mini_batches, s.epochs, stale, correction):
+    recompute = s.recompute_proximal
+    if behaviour is not None and recompute == "never":
+        # the generator's logprobs stand in for the proximal policy's (no correction can be made without it); the
+        # trainer still reports how far they are from its own
+        if correction.enabled:
+            raise ValueError("trainer.recompute_proximal: never leaves no proximal policy for rollout_correction to "
+                             "compare with the behaviour one; use auto, or rollout_correction.mode: none")
+        targets = {**targets, "behaviour_logprobs": behaviour}
+    elif behaviour is not None and needs_proximal(s.mini_batches, s.epochs, stale, correction, recompute):
         proximal = trainer.proximal_logprobs(inputs, targets["padding_mask"].bool()).to(behaviour.device)
         # inserted (environment) tokens have no behaviour logprob: they never enter the correction or its metrics
         fix = correct_rollout(proximal, behaviour, loss_mask_of(targets), correction)

@@ -150,6 +150,10 @@ def test_named_sections_are_typed_and_round_trip_in_their_yaml_shape(tmp_path):
     ({"rollout_correction.cap": 1.0}, r"rollout_correction.cap must be a number > 1 .* got 1.0"),
     ({"rollout_correction.mode": "is"}, r"rollout_correction.mode = 'is' is not one of \['none', 'tis', 'mis', 'rejection'\]"),
     ({"rollout_correction.level": "batch"}, r"rollout_correction.level = 'batch' is not one of"),
+    ({"trainer.recompute_proximal": "sometimes"}, r"trainer.recompute_proximal = 'sometimes' is not one of"),
+    ({"trainer.recompute_proximal": "never", "rollout_correction.mode": "mis"},
+     r"rollout_correction.mode mis compares .* trainer.recompute_proximal: never computes none"),
+    ({"reward.max_failed_steps": -1}, r"reward.max_failed_steps must be >= 0"),
     ({"weightsync.sync_every": 3, "max_policy_age": 2}, r"sync_every = 3 .* set max_policy_age >= 3"),
     ({"trainer.procs": 4, "trainer.mini_batches": 64}, r"larger than the 32 sequences each of the trainer's 4 "
                                                        r"data-parallel slice"),

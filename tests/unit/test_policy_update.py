@@ -48,22 +48,6 @@ def test_one_on_policy_step_clips_against_the_trainer_not_the_generator_bit_for_
     assert metrics["rollout/behaviour_kl_k3"] > 0.1 and metrics["rollout/behaviour_logprob_diff_max"] > 1.0
 
 
-def test_a_bf16_generator_beside_fp32_masters_adds_no_clipping_on_policy():
-    """The generator holds bf16 weights, the trainer fp32 masters: on-policy, no token is clipped and the ratio is
-    exactly 1, while the mismatch (k3 > 0) is reported."""
-    trainer, tok = fresh("dapo", lr=1e-3)
-    generator = copy.deepcopy(trainer.model).to(torch.bfloat16)
-    inputs, targets = make_batch(tok)
-    batch = collate(inputs, targets["padding_mask"], tok.pad_token_id)
-    with torch.no_grad():
-        behaviour, _ = sequence_logprobs(generator, batch.tokens, batch.attention_mask, batch.positions)
-    behaviour = torch.where(targets["padding_mask"], behaviour.float(), 0.0)
-    metrics = update_policy(trainer, inputs, {**targets, "old_logprobs": behaviour}, seed=0)
-    assert metrics["clip_frac_low"] == 0.0 and metrics["clip_frac_high"] == 0.0
-    assert metrics["ratio_min"] == 1.0 and metrics["ratio_max"] == 1.0
-    assert 0.0 < metrics["rollout/behaviour_kl_k3"] < 0.05
-
-
 def test_k_mini_batches_are_k_sequential_optimizer_steps_against_the_proximal_policy():
     auto, tok = fresh("dapo", lr=1e-3, mini_batches=3)
     hand, _ = fresh("dapo", lr=1e-3)
@@ -276,3 +260,34 @@ def test_the_lr_schedule_follows_the_rl_steps_when_fewer_optimizer_steps_happen(
     assert lrs == pytest.approx([1e-2 * lr_factor(p * 4, trainer.config, 3) for p in positions])
     counted = [1e-2 * lr_factor(i, trainer.config, 3) for i in range(6)]
     assert lrs[-1] < 0.25 * counted[-1]  # 3/4 through the cosine; counting steps had it before its middle
+
+
+@pytest.mark.parametrize("recompute", ["auto", "always", "never"])
+def test_recompute_proximal_decides_what_the_clip_is_taken_against(recompute, monkeypatch):
+    """A bf16 generator beside fp32 masters, on-policy: auto and always clip against the trainer's own policy (ratio
+    1, no clipping; always pays one more forward pass), never against the generator's (its rounding reaches the
+    ratio); every mode reports the mismatch."""
+    trainer, tok = fresh("dapo", lr=1e-3, recompute_proximal=recompute)
+    generator = copy.deepcopy(trainer.model).to(torch.bfloat16)
+    inputs, targets = make_batch(tok)
+    batch = collate(inputs, targets["padding_mask"], tok.pad_token_id)
+    with torch.no_grad():
+        behaviour, _ = sequence_logprobs(generator, batch.tokens, batch.attention_mask, batch.positions)
+    targets["old_logprobs"] = torch.where(targets["padding_mask"], behaviour.float(), 0.0)
+    calls = []
+    real = trainer.proximal_logprobs
+    monkeypatch.setattr(trainer, "proximal_logprobs", lambda *a: calls.append(1) or real(*a))
+    metrics = update_policy(trainer, inputs, targets, seed=0)
+    assert len(calls) == (1 if recompute == "always" else 0)
+    if recompute == "never":
+        assert metrics["ratio_max"] > 1.0 + 1e-4 or metrics["ratio_min"] < 1.0 - 1e-4
+    elif recompute == "auto":  # the current policy is the proximal one: exactly 1
+        assert metrics["ratio_min"] == 1.0 and metrics["ratio_max"] == 1.0
+    else:  # recomputed in a separate forward pass: 1 up to rounding
+        assert metrics["ratio_max"] == pytest.approx(1.0, abs=1e-5) and metrics["ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    if recompute != "never":
+        assert metrics["clip_frac_low"] == 0.0 and metrics["clip_frac_high"] == 0.0
+    assert 0.0 < metrics["rollout/behaviour_kl_k3"] < 0.05
+    if recompute == "never":
+        with pytest.raises(ValueError, match="recompute_proximal: never leaves no proximal policy"):
+            update_policy(trainer, inputs, targets, seed=0, correction=RolloutCorrection("tis"))
