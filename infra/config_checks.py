@@ -64,6 +64,15 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     check_trainer_environment(cfg, where)
     check_sft_batch(cfg, where)
     check_teacher(cfg, where)
+    g = cfg.generator
+    if g.backend == "vllm" and g.temperature > 0 and (g.top_p < 1.0 or g.top_k > 0):
+        # vLLM reports the sampled token's logprob after top-k/top-p renormalisation; the behaviour logprobs the
+        # trainer compares with (and TorchGenerator reports) are before it: TIS/MIS and the mismatch metrics
+        # would read the truncation as a policy difference
+        raise ValueError(f"{where}: generator.backend vllm with generator.top_p = {g.top_p} / top_k = {g.top_k} "
+                         "reports logprobs of the truncated distribution, which the trainer does not reproduce; "
+                         "set generator.top_p: 1.0 and generator.top_k: 0 (RL samples the whole distribution), or "
+                         "use generator.backend: torch")
     if cfg.generator.backend == "vllm" and cfg.weightsync.backend != "fs":
         raise ValueError(f"{where}: generator.backend vllm reads weights from files, so weightsync.backend "
                          f"{cfg.weightsync.backend!r} cannot feed it: set weightsync.backend: fs (weightsync.root on "

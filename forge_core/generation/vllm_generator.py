@@ -2,15 +2,19 @@
 
 n samples per prompt, the sampled tokens' logprobs, tensor parallelism, seeded requests, and weights replaced in place
 at each policy version: every vLLM worker (one per tensor-parallel rank) reads the version's safetensors file from the
-weight store itself and hands it to its model's `load_weights`, which shards it for that rank.
+weight store itself and hands it to its model's `load_weights`, which shards it for that rank (WeightLoaderExtension,
+called by name). Rows stop on every end id, and multi-turn episodes run on it as on TorchGenerator (`end_ids`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from forge_core.generation.sampling import SamplingParams
+from forge_core.models.tokenizer import end_token_ids
 from forge_core.types import Completion
 
 log = logging.getLogger(__name__)
@@ -18,23 +22,41 @@ log = logging.getLogger(__name__)
 FINISH_REASONS = {"stop": "eos", "length": "length", "abort": "length"}
 
 
-def load_weights_on_worker(worker, path: str) -> int:
-    """Runs inside each vLLM worker (collective_rpc): load a safetensors file into its model; returns tensors read."""
-    from safetensors.torch import load_file
+class WeightLoaderExtension:
+    """Mixed into every vLLM worker (LLM(worker_extension_cls=…)): what collective_rpc calls by name. vLLM V1 sends
+    a method name and string arguments with its own serializer; a Python function would need pickling, which it
+    refuses unless VLLM_ALLOW_INSECURE_SERIALIZATION=1 (which would let any pickled callable run in the engine)."""
 
-    state = load_file(path)
-    worker.model_runner.model.load_weights(weights=state.items())
-    return len(state)
+    def forgeflow_load_weights(self, path: str) -> int:
+        """Load a safetensors file into this worker's model (sharded for its rank); returns the tensors read."""
+        from safetensors.torch import load_file
+
+        state = load_file(path)
+        self.model_runner.model.load_weights(weights=state.items())
+        return len(state)
+
+
+EXTENSION = f"{__name__}.WeightLoaderExtension"
+
+
+def generation_eos(path: str):
+    """The eos id(s) of the checkpoint's generation_config.json, or None without one."""
+    config = Path(path) / "generation_config.json"
+    return json.loads(config.read_text()).get("eos_token_id") if config.is_file() else None
 
 
 class VLLMGenerator:
     """generate(prompts, n, seed, params) -> n Completions per prompt, like TorchGenerator."""
 
-    def __init__(self, llm, tokenizer, params: SamplingParams, sampling_params_cls: Callable | None = None) -> None:
+    def __init__(self, llm, tokenizer, params: SamplingParams, sampling_params_cls: Callable | None = None,
+                 end_ids: list[int] | None = None) -> None:
         self.llm, self.tokenizer, self.params = llm, tokenizer, params
         if sampling_params_cls is None:
             from vllm import SamplingParams as sampling_params_cls  # noqa: N813 (vLLM's class)
         self.sampling_params_cls = sampling_params_cls
+        # every id that ends a turn, as TorchGenerator stops on (vLLM alone stops on its generation config's eos
+        # only, not on a chat template's end of turn)
+        self.end_ids = list(end_ids) if end_ids else end_token_ids(tokenizer, None)
         self.policy_version = 0
 
     @classmethod
@@ -47,17 +69,19 @@ class VLLMGenerator:
         except ImportError as exc:
             raise ValueError("generator.backend: vllm needs vLLM on a CUDA machine (scripts/install.sh, or pip install "
                              "'forgeflow[vllm]'); on CPU use generator.backend: torch") from exc
-        # processed logprobs: after temperature / top-k / top-p, the distribution the trainer reproduces
+        # processed logprobs: after temperature / top-k / top-p, the distribution the trainer reproduces (vLLM's
+        # default, raw logprobs, would bias TIS/MIS whenever top_p < 1 or temperature != 1)
         llm = LLM(model=path, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
                   gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                  enable_prefix_caching=True, logprobs_mode="processed_logprobs")
-        return cls(llm, llm.get_tokenizer(), params)
+                  enable_prefix_caching=True, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION)
+        return cls(llm, llm.get_tokenizer(), params, end_ids=end_token_ids(llm.get_tokenizer(), generation_eos(path)))
 
     def vllm_params(self, params: SamplingParams, n: int, seed: int | None):
         """vLLM SamplingParams for one request of n samples (logprobs=0: the sampled token's logprob only)."""
         return self.sampling_params_cls(n=n, temperature=params.temperature, top_p=params.top_p,
                                         top_k=params.top_k if params.top_k > 0 else -1,
-                                        max_tokens=params.max_new_tokens, logprobs=0, seed=seed)
+                                        max_tokens=params.max_new_tokens, logprobs=0, seed=seed,
+                                        stop_token_ids=list(self.end_ids))
 
     def tokenize(self, prompts: list[str]) -> list[list[int]]:
         """Each prompt's token ids (no special tokens added: a chat template already holds its own)."""
@@ -94,7 +118,7 @@ class VLLMGenerator:
 
     def load_weights_file(self, path: str, version: int) -> None:
         """Replace the engine's weights in place from a weight-store file (every tensor-parallel rank reads it)."""
-        counts = self.llm.collective_rpc(load_weights_on_worker, args=(str(path),))
+        counts = self.llm.collective_rpc("forgeflow_load_weights", args=(str(path),))
         if not counts or min(counts) == 0:
             raise RuntimeError(f"vLLM workers loaded no tensors from {path}")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
