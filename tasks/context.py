@@ -7,6 +7,7 @@ The flow registers a RunContext when its pool is up; tasks look it up by run id,
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,8 @@ class RunContext:
     out: Path
     records: object | None = None  # infra.records.RunRecords
     recoveries: list[dict] = field(default_factory=list)
+    # one recovery at a time: a pipelined rollout and the train task can lose the same node at once
+    recovery_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.roles = remote_roles(self.pool, self.splits, self.checkpoint_dir)

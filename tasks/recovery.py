@@ -29,7 +29,7 @@ def retry_on_worker_lost(task, task_run, state) -> bool:
         log.error("WorkerLost for job %s, which no live run owns: not retrying", exc.job_id)
         return False
     try:
-        recover_role(ctx, exc.role.rsplit("-", 1)[0], reason=exc.reason)
+        recover_role(ctx, exc.role.rsplit("-", 1)[0], reason=exc.reason, job_id=exc.job_id)
     except Exception:  # the task then fails with its WorkerLost, and the flow ends Crashed (rescheduled, resumable)
         log.exception("recovering from %s failed: not retrying the task", exc)
         return False
@@ -44,9 +44,19 @@ def lost_worker(exc: BaseException | None) -> WorkerLost | None:
 RECOVERY_ROUNDS = 3  # a role found dead while others are being restored is restarted in the next round
 
 
-def recover_role(ctx: RunContext, role: str, reason: str = "") -> int:
+def recover_role(ctx: RunContext, role: str, reason: str = "", job_id: str | None = None) -> int:
     """Restart `role`, and every other role of the run found dead with it (a lost node takes several), and bring
-    them back to the run's state; returns the trainer's step afterwards."""
+    them back to the run's state; returns the trainer's step afterwards. One recovery runs at a time: a task that
+    lost job `job_id` after another task's recovery replaced it (and nothing is dead now) just retries."""
+    with ctx.recovery_lock:
+        if job_id is not None and str(job_id) not in ctx.pool.job_ids(role) and not ctx.pool.dead_roles():
+            log.info("%s job %s was already replaced by another task's recovery", role, job_id)
+            return ctx.pool.call("trainer", "health")["step"]
+        return restart_dead_roles(ctx, role, reason)
+
+
+def restart_dead_roles(ctx: RunContext, role: str, reason: str) -> int:
+    """recover_role's work (under its lock)."""
     t0 = time.perf_counter()
     restarted: list[str] = []
     dead = {role} | ctx.pool.dead_roles()

@@ -144,6 +144,10 @@ class WorkerPool:
             self._rr[role] = itertools.cycle(self.clients(role))
         return next(self._rr[role])
 
+    def job_ids(self, role: str) -> set[str]:
+        """The job ids of `role`'s current workers (a restarted role has new ones)."""
+        return {str(m.job.job_id) for m in self.members.get(role, [])}
+
     def dead_roles(self) -> set[str]:
         """Roles with a worker whose process or job is gone (a node failure takes several at once)."""
         return {role for role, members in self.members.items()

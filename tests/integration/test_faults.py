@@ -188,7 +188,8 @@ def run_with_killed_worker(monkeypatch, role: str, overrides: dict, run_name: st
         assert summary["recoveries"][0]["trainer_step"] in (0, 2, 4)
 
 
-@pytest.mark.parametrize("roles,mode", [(("generator", "reward"), "on-policy"), (("trainer", "generator"), "on-policy"),
+# pipelined: the rollout ahead and the train task both lose their worker, and their recoveries take turns
+@pytest.mark.parametrize("roles,mode", [(("generator", "reward"), "on-policy"), (("trainer", "generator"), "pipelined"),
                                         (("trainer", "reference"), "kl")], ids=lambda v: "+".join(v) if
                          isinstance(v, tuple) else v)
 def test_two_roles_killed_at_once_recover_exactly(roles, mode, monkeypatch):
@@ -211,7 +212,7 @@ def test_unrecoverable_worker_loss_ends_crashed_and_resumes_exactly(monkeypatch,
 
     import tasks.recovery
 
-    def node_gone(ctx, role, reason=""):
+    def node_gone(ctx, role, reason="", job_id=None):
         raise RuntimeError(f"{role}'s node is gone for good")
 
     monkeypatch.setattr(tasks.recovery, "recover_role", node_gone)
