@@ -261,8 +261,7 @@ class TrainerWorker(Worker):
             dp_rank, dp_size = self._data_parallel_slice()
 
             def step_fn(inputs, targets):
-                rows = torch.arange(dp_rank, len(inputs), dp_size)
-                return self._step_sharded(self.trainer, *select_rows(inputs, targets, rows))
+                return self._step_sharded(self.trainer, *rank_slice(inputs, targets, dp_rank, dp_size))
         return train_on_episodes(self.trainer, episodes, self.tokenizer.pad_token_id, step=step,
                                  seed=self.cfg.seed, correction=self.cfg.rollout_correction, step_fn=step_fn)
 
@@ -305,3 +304,18 @@ class TrainerWorker(Worker):
     def follow(self) -> None:
         """Ranks > 0: run every call rank 0 broadcasts until shutdown."""
         follow_calls(self)
+
+
+def rank_slice(inputs: list[dict], targets: dict, rank: int, ranks: int) -> tuple[list[dict], dict]:
+    """Rank `rank`'s rows of a mini-batch (every ranks-th), padded to ceil(rows / ranks) with copies of row 0 that
+    the loss ignores (loss_mask 0): every rank then runs the same number of micro-batches, forwards and
+    backwards, so FSDP's collectives pair up however filtering and mini-batches split the batch (an uneven split
+    would hang the job)."""
+    rows = torch.arange(rank, len(inputs), ranks)
+    pad = -(-len(inputs) // ranks) - len(rows)
+    picked_inputs, picked = select_rows(inputs, targets, torch.cat([rows, torch.zeros(pad, dtype=torch.long)]))
+    if pad:
+        keep = loss_mask_of(picked).clone()
+        keep[len(rows):] = False
+        picked["loss_mask"] = keep
+    return picked_inputs, picked

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from forge_core.models.lora import adapters_disabled
 from forge_core.seeding import restore_rng_states, rng_states
@@ -163,10 +164,11 @@ class Trainer:
             behaviour = pick(targets, "behaviour_logprobs", sl)
             if behaviour is not None:
                 add_mismatch(totals, lp.detach(), behaviour, loss_mask[sl], num_tokens)
-            if not totals.finite:
+            if not all_ranks_agree(totals.finite):
                 self.optimizer.zero_grad(set_to_none=True)
-                raise RuntimeError(f"non-finite loss ({loss.item()}) at step {self.step} (micro-batch at row {start}); "
-                                   "weights left unchanged — lower trainer.lr or check the rewards/advantages")
+                raise RuntimeError(f"non-finite loss ({loss.item()}) at step {self.step} (micro-batch at row {start}"
+                                   f"{'' if totals.finite else ' of this rank'}); weights left unchanged — lower "
+                                   "trainer.lr or check the rewards/advantages")
             loss.backward()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.max_norm if self.config.max_norm > 0 else float("inf")
@@ -282,6 +284,16 @@ def loss_mask_of(targets: dict) -> torch.Tensor:
     mask = targets["padding_mask"].bool()
     extra = targets.get("loss_mask")
     return mask if extra is None else mask & extra.bool().to(mask.device)
+
+
+def all_ranks_agree(flag: bool) -> bool:
+    """True when `flag` holds on every rank of a multi-rank trainer (one all-reduce), so that all ranks raise
+    together instead of one raising while the others wait in the next collective; `flag` itself in one process."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor(float(flag), device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
 
 
 def pick(targets: dict, key: str, sl: slice):

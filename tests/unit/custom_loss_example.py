@@ -31,3 +31,17 @@ class NaNAtCallLoss(ScaledReinforceLoss):
         NaNAtCallLoss.calls += 1
         loss = super().forward(*args, **kwargs)
         return loss * float("nan") if NaNAtCallLoss.calls >= self.at else loss
+
+
+class NaNOnOneRankLoss(ScaledReinforceLoss):
+    """NaN on rank `rank` of a multi-rank trainer only (one shard of the batch diverges)."""
+
+    def __init__(self, rank: int = 1):
+        super().__init__()
+        self.rank = rank
+
+    def forward(self, *args, **kwargs):
+        import torch.distributed as dist
+
+        loss = super().forward(*args, **kwargs)
+        return loss * float("nan") if dist.is_initialized() and dist.get_rank() == self.rank else loss
