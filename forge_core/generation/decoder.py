@@ -3,12 +3,17 @@ preallocated KV cache, and a generic fallback through the HF forward with its ca
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 
 from forge_core.models.loading import cache_keyword
 
 FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+# held while a CUDA graph is captured: other threads (the weight-broadcast receiver) take it around their device
+# allocations, which would otherwise land in the capture
+GRAPH_CAPTURE = threading.Lock()
 LENGTH_BUCKET = 64  # fixed-shape decode attends over the cache up to the next multiple of this
 
 
@@ -186,7 +191,9 @@ class DecodeGraphs:
             self.decoder.step(static_tokens, kv_len)
         torch.cuda.current_stream(tokens.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: CUDA work of other threads of this process (the weight-broadcast receiver) does not
+        # invalidate the capture; GRAPH_CAPTURE keeps them from allocating on the device meanwhile
+        with GRAPH_CAPTURE, torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             logits = self.decoder.step(static_tokens, kv_len)
         return graph, static_tokens, logits
 

@@ -10,19 +10,55 @@ TCPStore, hosted by the trainer), so it does not disturb the trainer's FSDP proc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import threading
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from forge_core.generation.decoder import GRAPH_CAPTURE
 from infra.dist_store import MasterStore, connect_store
 
 log = logging.getLogger(__name__)
 
 STOP = -1  # header version that ends the receivers' loop
+BUCKET_BYTES = 64 << 20  # tensors go in buckets of about this size: one collective each, one bucket on the device
+
+
+ALIGN = 16  # each tensor starts at a multiple of this many bytes in its bucket (a view of any dtype is aligned)
+
+
+def slot_bytes(entry: list) -> int:
+    """Bytes a header entry [name, shape, dtype] takes in a bucket, rounded up to ALIGN."""
+    _, shape, dtype = entry
+    return -(-math.prod(shape) * getattr(torch, dtype).itemsize // ALIGN) * ALIGN
+
+
+def plan_buckets(spec: list[list], limit: int) -> list[list[int]]:
+    """Indices of the header's tensors ([name, shape, dtype]) grouped in order into buckets of at most `limit`
+    bytes (a bigger tensor alone); sender and receivers derive the same plan from the header."""
+    buckets: list[list[int]] = [[]]
+    size = 0
+    for i, entry in enumerate(spec):
+        nbytes = slot_bytes(entry)
+        if buckets[-1] and size + nbytes > limit:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += nbytes
+    return buckets if buckets[0] else []
+
+
+def nccl_group(store, rank: int, world_size: int, timeout: timedelta):
+    """A standalone NCCL group whose collectives give up after `timeout` (a dead peer then raises instead of
+    hanging the trainer's publish for NCCL's default of 10 minutes or more)."""
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout  # what init_process_group(timeout=…) sets on its NCCL backend too
+    return dist.ProcessGroupNCCL(store, rank, world_size, options)
 
 
 class BroadcastWeightSync:
@@ -33,7 +69,7 @@ class BroadcastWeightSync:
     `address`) and every rank forms the group in the background; publish and fetch wait for it."""
 
     def __init__(self, address: str, rank: int, world_size: int, keep: int = 2, timeout_s: float = 600.0,
-                 device: str = "cpu"):
+                 device: str = "cpu", bucket_bytes: int = BUCKET_BYTES):
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"weight broadcast address {address!r} must be HOST:PORT")
@@ -41,7 +77,7 @@ class BroadcastWeightSync:
             raise ValueError(f"weight broadcast on {device!r} needs CUDA, which this process lacks; run the trainer "
                              "and generators on GPUs or use weightsync.backend: fs")
         self.rank, self.world_size, self.keep, self.timeout_s = rank, world_size, keep, timeout_s
-        self.device = torch.device(device)
+        self.device, self.bucket_bytes = torch.device(device), bucket_bytes
         # the TCPStore server lives in rank 0 on a port bound before use, on loopback when `host` is (keep it
         # referenced); clients retry until it is up
         if rank == 0:
@@ -65,12 +101,19 @@ class BroadcastWeightSync:
         if self.rank != 0:
             raise ValueError("only rank 0 of the weight-broadcast group (the trainer) publishes")
         self.wait_formed()
-        tensors = {k: v.detach().to(self.device).contiguous() for k, v in state_dict.items()}
-        header = [version, [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in tensors.items()]]
+        names = list(state_dict)
+        spec = [[k, list(state_dict[k].shape), str(state_dict[k].dtype).removeprefix("torch.")] for k in names]
         try:
-            self._broadcast_header(header)
-            for tensor in tensors.values():
-                self._broadcast(tensor)
+            self._broadcast_header([version, spec, self.bucket_bytes])
+            for bucket in plan_buckets(spec, self.bucket_bytes):
+                # one bucket on the device at a time, its tensors' bytes side by side
+                buffer = torch.zeros(sum(slot_bytes(spec[i]) for i in bucket), dtype=torch.uint8, device=self.device)
+                at = 0
+                for i in bucket:
+                    data = state_dict[names[i]].detach().contiguous().reshape(-1).view(torch.uint8)
+                    buffer[at:at + data.numel()].copy_(data)
+                    at += slot_bytes(spec[i])
+                self._broadcast(buffer)
         except RuntimeError as exc:
             raise RuntimeError(f"weight broadcast of version {version} failed ({exc}); a generator in the group is "
                                "gone: the worker pool re-forms the group when it restarts the generator (or use "
@@ -134,7 +177,7 @@ class BroadcastWeightSync:
             if self.device.type == "cpu":
                 self.group = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, timeout)
             else:
-                self.group = dist.ProcessGroupNCCL(prefixed, self.rank, self.world_size)
+                self.group = nccl_group(prefixed, self.rank, self.world_size, timeout)
         except BaseException as exc:  # reported by wait_formed / fetch
             self._fail(exc, "could not form")
             return
@@ -144,24 +187,48 @@ class BroadcastWeightSync:
             self._receive_loop()
 
     def _receive_loop(self) -> None:
+        # on CUDA the receiver works on a stream of its own, beside the generator's decoding
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         try:
-            while True:
-                version, spec = self._broadcast_header(None)
-                if version == STOP:
-                    return
-                state = {}
-                for name, shape, dtype in spec:
-                    state[name] = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-                    self._broadcast(state[name])
-                with self._arrived:
-                    if self._retired:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                while True:
+                    version, spec, *rest = self._broadcast_header(None)
+                    if version == STOP:
                         return
-                    self._versions[version] = state
-                    for old in sorted(self._versions)[:-self.keep]:
-                        del self._versions[old]
-                    self._arrived.notify_all()
+                    state = self._receive_tensors(spec, rest[0] if rest else self.bucket_bytes)
+                    if stream is not None:
+                        stream.synchronize()  # complete before any fetch hands the tensors out
+                    if not self._keep(version, state):
+                        return
         except BaseException as exc:  # reported to the next fetch, which raises it
             self._fail(exc, "receiver stopped")
+
+    def _receive_tensors(self, spec: list[list], bucket_bytes: int) -> dict[str, torch.Tensor]:
+        """One version's tensors, bucket by bucket as published. Nothing is allocated on the device while the
+        generator captures a CUDA graph (GRAPH_CAPTURE): an allocation from this thread would break the capture."""
+        state = {}
+        for bucket in plan_buckets(spec, bucket_bytes):
+            with GRAPH_CAPTURE:
+                buffer = torch.empty(sum(slot_bytes(spec[i]) for i in bucket), dtype=torch.uint8, device=self.device)
+            self._broadcast(buffer)
+            at = 0
+            for i in bucket:
+                name, shape, dtype = spec[i]
+                kind = getattr(torch, dtype)
+                state[name] = buffer[at:at + math.prod(shape) * kind.itemsize].view(kind).reshape(shape)
+                at += slot_bytes(spec[i])
+        return state
+
+    def _keep(self, version: int, state: dict[str, torch.Tensor]) -> bool:
+        """Hand a received version to fetch (newest `keep` kept); False once this group was retired."""
+        with self._arrived:
+            if self._retired:
+                return False
+            self._versions[version] = state
+            for old in sorted(self._versions)[:-self.keep]:
+                del self._versions[old]
+            self._arrived.notify_all()
+            return True
 
     def _fail(self, exc: BaseException, what: str) -> None:
         with self._arrived:

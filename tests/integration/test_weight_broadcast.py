@@ -72,3 +72,37 @@ def test_a_group_that_never_forms_is_reported():
     assert trainer.wait_formed(timeout_s=0.2) is False  # still forming: a poll says so instead of raising
     with pytest.raises((TimeoutError, RuntimeError), match="form"):
         trainer.publish(1, weights(1))
+
+
+def odd_weights(version: int) -> dict[str, torch.Tensor]:
+    """Sizes that are no multiple of one another's element size, in several dtypes."""
+    g = torch.Generator().manual_seed(version)
+    return {"a": torch.randn(7, 3, generator=g).to(torch.bfloat16), "b": torch.randn(5, generator=g),
+            "c": torch.arange(9, dtype=torch.int64) * version, "d": torch.randn(300, generator=g),
+            "e": torch.ones(3, dtype=torch.float16)}
+
+
+def test_buckets_carry_every_tensor_exactly_and_pause_while_a_graph_is_captured():
+    """Small buckets split the state over several collectives; a receiver allocates nothing while the process
+    captures a CUDA graph (GRAPH_CAPTURE held: the injected capture window), then completes."""
+    import threading
+
+    from forge_core.generation.decoder import GRAPH_CAPTURE
+    from infra.weightsync.broadcast import plan_buckets
+
+    trainer = BroadcastWeightSync("127.0.0.1:0", 0, 2, timeout_s=60, bucket_bytes=256)
+    receiver = BroadcastWeightSync(trainer.address, 1, 2, timeout_s=60, bucket_bytes=1 << 30)  # the sender's plan rules
+    spec = [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in odd_weights(1).items()]
+    assert len(plan_buckets(spec, 256)) >= 3
+    with GRAPH_CAPTURE:
+        sender = threading.Thread(target=trainer.publish, args=(1, odd_weights(1)))
+        sender.start()
+        with receiver._arrived:  # while the capture lasts, nothing can arrive, however long it takes
+            assert not receiver._arrived.wait_for(lambda: receiver._versions, timeout=0.5)
+    version, state = receiver.fetch(1)
+    sender.join(60)
+    assert version == 1 and set(state) == set(odd_weights(1))
+    for k, v in odd_weights(1).items():
+        assert state[k].dtype == v.dtype and torch.equal(state[k], v), k
+    trainer.close()
+    receiver.close()

@@ -61,3 +61,24 @@ def test_a_store_bound_on_every_interface_advertises_the_node_name():
     master = MasterStore("0.0.0.0", 1, 10)
     assert master.address == f"{socket.gethostname()}:{master.port}"
     assert MasterStore("127.0.0.1", 1, 10).address.startswith("127.0.0.1:")
+
+
+def test_the_nccl_weight_group_gets_the_configured_timeout(monkeypatch):
+    """A dead peer must make NCCL raise after weightsync's timeout, not hang: the group is built with it (a
+    stand-in for ProcessGroupNCCL, which this CPU build lacks; tests/gpu forms a real one)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from infra.weightsync.broadcast import nccl_group
+
+    class StandInNCCL:
+        class Options:
+            _timeout = None
+
+        def __init__(self, store, rank, size, options):
+            self.args = (store, rank, size, options._timeout)
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", StandInNCCL, raising=False)
+    group = nccl_group("store", 1, 3, timedelta(seconds=42))
+    assert group.args == ("store", 1, 3, timedelta(seconds=42))
