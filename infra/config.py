@@ -43,6 +43,9 @@ class GeneratorConfig(SamplingParams):
     procs: int = 1
     num_replicas: int = 1
     cuda_graphs: bool = True  # torch backend on CUDA: the decode step as CUDA graphs (false: eager decode)
+    # torch backend: the KV cache one generation chunk may take; batches are split to fit (0: on CUDA 80% of the
+    # memory free at each call, on CPU no limit)
+    kv_cache_gb: float = 0.0
 
 
 @dataclass

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
     """Run cfg.steps GRPO steps in-process; returns the metric history (each row has 'step')."""
-    generator = TorchGenerator(model, tok, cfg.generator)  # the generator section is its SamplingParams
+    # the generator section is its SamplingParams
+    generator = TorchGenerator(model, tok, cfg.generator, kv_cache_gb=cfg.generator.kv_cache_gb)
     config, options = C.trainer_arguments(cfg)
     trainer = Trainer(C.prepare_trained_model(cfg, model), C.build_loss(cfg), config, tok.pad_token_id, **options)
     trainer.reference_from_base = C.reference_from_base(cfg)  # LoRA: the base model is the reference
@@ -81,7 +82,7 @@ def run_main_job(cfg: RunConfig, run_name: str | None = None, show: bool = True)
         log.info("SFT checkpoint: %s", sft_path)
         if inputs is not None:
             sft_cache.store(sft_path, inputs, run_id)
-    generator = TorchGenerator(model, tok, cfg.generator)
+    generator = TorchGenerator(model, tok, cfg.generator, kv_cache_gb=cfg.generator.kv_cache_gb)
     judge = lambda: evaluate(generator, splits.eval, splits.eval_prompts, cfg.generator.max_new_tokens,  # noqa: E731
                              samples=cfg.eval.samples, temperature=cfg.generator.temperature, seed=cfg.seed)
     before = judge()

@@ -32,7 +32,8 @@ class GeneratorWorker(Worker):
             model, tok = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed, dtype=dtype_of(cfg))
             self.generator = TorchGenerator(model.to(worker_device(cfg, self.role)).eval(), tok,
                                             cfg.generator,
-                                            cuda_graphs=None if cfg.generator.cuda_graphs else False)
+                                            cuda_graphs=None if cfg.generator.cuda_graphs else False,
+                                            kv_cache_gb=cfg.generator.kv_cache_gb)
         self.store = store
         self.pinned_version_misses = 0
 

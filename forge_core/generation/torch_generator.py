@@ -7,6 +7,7 @@ import logging
 import torch
 
 from forge_core.generation.decoder import make_decoder
+from forge_core.generation.kv_budget import kv_budget_bytes, kv_bytes_per_token, plan_chunks
 from forge_core.generation.sampling import SamplingParams, sample_next, stream_keys, stream_uniforms
 from forge_core.models.tokenizer import end_token_ids
 from forge_core.types import Completion
@@ -19,7 +20,7 @@ class TorchGenerator:
 
     def __init__(self, model, tokenizer, params: SamplingParams | None = None, max_batch: int = 512,
                  prefer_fast: bool = True, check_every: int = 0, cuda_graphs: bool | None = None,
-                 fixed_shapes: bool = False, end_ids: list[int] | None = None) -> None:
+                 fixed_shapes: bool = False, end_ids: list[int] | None = None, kv_cache_gb: float = 0.0) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs pad and eos tokens (set tokenizer.pad_token = tokenizer.eos_token)")
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -29,6 +30,7 @@ class TorchGenerator:
         self.params = params or SamplingParams()
         self.params.validate()
         self.max_batch, self.prefer_fast = max_batch, prefer_fast
+        self.kv_cache_gb = kv_cache_gb  # the KV cache budget of a chunk (0: on CUDA a share of free memory)
         self.check_every = check_every  # decode steps between looks for finished rows; 0: 1 on CPU, 8 on CUDA
         # CUDA graphs of the decode step (None: on when the model is on CUDA); fixed_shapes runs the graph's
         # fixed-shape step without capturing it (what CPU tests check)
@@ -76,13 +78,17 @@ class TorchGenerator:
             raise ValueError(f"prompt_keys has {len(keys)} entries for {len(prompts)} prompts; give one per prompt")
         if seed is None:
             seed = int(torch.randint(2**31 - 1, ()).item())
-        per_chunk = max(1, self.max_batch // n)
-        # chunks of prompts of similar length (less left padding); the keyed streams make the order irrelevant
+        # chunks of prompts of similar length (less left padding), as many as max_batch rows and the KV cache
+        # budget allow; the keyed streams make the order and the chunking irrelevant
         rows = self.tokenize(prompts) if prompt_ids is None else checked_rows(prompt_ids, len(prompts))
         order = sorted(range(len(prompts)), key=lambda i: len(rows[i]))
+        sizes = plan_chunks([len(rows[i]) for i in order], n, params.max_new_tokens, kv_bytes_per_token(self.model),
+                            kv_budget_bytes(self.kv_cache_gb, self.device), self.max_batch)
         out: list[list[Completion]] = [None] * len(prompts)  # type: ignore[list-item]
-        for start in range(0, len(prompts), per_chunk):
-            chunk = order[start:start + per_chunk]
+        start = 0
+        for size in sizes:
+            chunk = order[start:start + size]
+            start += size
             groups = self.generate_chunk([rows[i] for i in chunk], n, params,
                                          stream_keys(seed, [keys[i] for i in chunk], n), chunk)
             for i, group in zip(chunk, groups, strict=True):
