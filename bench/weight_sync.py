@@ -2,8 +2,9 @@
 weights are usable, vs copying the same tensors straight into the receiver's (the colocated ideal).
 
 `FSWeightStore.fetch` returns memory-mapped tensors: timing it alone times the write only. Here the fetch side copies
-every tensor into the receiver's own preallocated tensors (what the generator's `load_state_dict` does, on
-`--device`), so every byte is read. Both measured in this run (best of `--repeats`). Prints publish, fetch + load and
+every tensor into the receiver's own preallocated tensors, as the generator loads a version
+(`infra.weightsync.load_into_model`: the fs store's fetch then `load_state_dict`; the shared store's `fetch_into`,
+straight from the slot), on `--device`, so every byte is read. Both measured in this run (best of `--repeats`). Prints publish, fetch + load and
 the copy, for the fs store and the shared-memory store (`weightsync.backend: shared`), and ends with
 `RESULT ratio=… shared_ratio=… store_gb_s=… shared_gb_s=… copy_gb_s=…` (ratio: store bandwidth / copy bandwidth).
 """
@@ -71,7 +72,12 @@ def main() -> None:
             t0 = time.perf_counter()
             store.publish(v, state)
             t1 = time.perf_counter()
-            load_into_receiver(store.fetch(v)[1])
+            if hasattr(store, "fetch_into"):  # as the generator loads it (infra.weightsync.load_into_model)
+                store.fetch_into(v, receiver)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            else:
+                load_into_receiver(store.fetch(v)[1])
             split["publish"].append(t1 - t0)
             split["fetch"].append(time.perf_counter() - t1)
 

@@ -12,6 +12,8 @@ from forge_core.models.tokenizer import end_token_ids
 from forge_core.recipes import steps
 from forge_core.types import Group
 from infra.config import RunConfig
+from infra.weightsync import load_into_model
+from infra.weightsync.shared import OverwrittenWhileRead
 from workers.base import Worker, dtype_of, model_source, worker_device
 
 log = logging.getLogger(__name__)
@@ -121,7 +123,11 @@ class GeneratorWorker(Worker):
                 raise KeyError(f"weight version {version} is not in {path.parent} (have {self.store.versions()})")
             self.generator.load_weights_file(path, version)
         else:
-            version, state = self.store.fetch(version)
-            self.generator.load_state_dict(state, version)
+            try:
+                version = load_into_model(self.store, version, self.generator.model)
+            except OverwrittenWhileRead as exc:  # the model holds another version, whole: say which
+                self.generator.policy_version = self.policy_version = exc.held
+                raise
+            self.generator.policy_version = version
         self.policy_version = version
         return version

@@ -42,5 +42,15 @@ def open_weight_store(backend: str = "fs", root: str | Path | None = None, keep:
     raise ValueError(f"unknown weightsync.backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 
 
+def load_into_model(store, version: int | None, model) -> int:
+    """Put weight `version` (None = the latest) of `store` into `model`; returns the version. A store with
+    `fetch_into` copies each byte once, from the store into the parameters; the others fetch, then load."""
+    if hasattr(store, "fetch_into"):
+        return store.fetch_into(version, model.state_dict())
+    version, state = store.fetch(version)
+    model.load_state_dict(state)
+    return version
+
+
 __all__ = ["BACKENDS", "DIRECTORY_BACKENDS", "FSWeightStore", "SharedWeightStore", "default_store_root",
-           "open_weight_store"]
+           "load_into_model", "open_weight_store"]

@@ -1,6 +1,6 @@
 """Shared-memory weight store for one node: versions live in `keep` preallocated slot files under /dev/shm that the
 trainer and the generators all map. Publishing copies each tensor's bytes into the slot (no serialization, and no
-page allocation after the first version); fetching copies them out.
+page allocation after the first version); fetching copies them out, `fetch_into` straight into a model's tensors.
 
 A slot is reused every `keep` versions, so a reader could see a slot being overwritten under it: each slot has a
 header file, replaced atomically, saying which version it holds and whether a write is under way. The writer marks
@@ -31,6 +31,14 @@ from infra.weightsync.fs import (
 log = logging.getLogger(__name__)
 
 DTYPE_NAMES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
+
+
+class OverwrittenWhileRead(KeyError):
+    """fetch_into's version was overwritten during the copy; the targets now hold version `held`, whole."""
+
+    def __init__(self, message: str, held: int):
+        super().__init__(message)
+        self.held = held
 
 
 class SharedWeightStore:
@@ -75,6 +83,33 @@ class SharedWeightStore:
         for name, target in header["aliases"].items():  # tied weights are held once
             state[name] = state[target]
         return version, state
+
+    @torch.no_grad()
+    def fetch_into(self, version: int | None, targets: dict[str, torch.Tensor]) -> int:
+        """Copy `version` (None = the latest) straight from its slot into `targets` (a model's state_dict: same
+        names, any device or dtype) — one copy of each byte, where fetch + load_state_dict make two; returns the
+        version. KeyError as fetch; OverwrittenWhileRead when the slot was overwritten during the copy (the
+        targets are then refilled with the newest version, whole, which it names)."""
+        version = version_or_latest(self, version)
+        slot = self.slot_of(version)
+        header = self._ready_header(slot, version)
+        layout, aliases = header["layout"], header["aliases"]
+        missing = sorted(set(targets) - set(layout) - set(aliases))
+        if missing or set(layout) - set(targets):
+            raise KeyError(f"weight version {version} does not match the model: model-only names {missing[:5]}, "
+                           f"store-only names {sorted(set(layout) - set(targets))[:5]}")
+        data = self._mapping(slot, sum(size for *_, size in layout.values()))
+        for name, (dtype, shape, offset, size) in layout.items():
+            targets[name].copy_(data[offset:offset + size].view(DTYPE_NAMES[dtype]).reshape(shape))
+        for name, source in aliases.items():
+            if targets[name].data_ptr() != targets[source].data_ptr():  # tied in the store, not in this model
+                targets[name].copy_(targets[source])
+        try:
+            self._ready_header(slot, version, during=True)
+        except KeyError as exc:  # torn: refill the targets with the newest whole version before saying so
+            held = self.fetch_into(None, targets)
+            raise OverwrittenWhileRead(f"{exc.args[0]}; the model was refilled with version {held}", held) from exc
+        return version
 
     def latest(self) -> int | None:
         pointer = self.root / "LATEST"

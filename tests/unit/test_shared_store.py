@@ -78,3 +78,42 @@ def test_shared_store_is_one_node_only():
     with pytest.raises(ValueError, match="weightsync.backend shared is one node's shared memory"):
         load_config("configs/grpo_math_tiny.yaml", {"weightsync.backend": "shared", "launcher": "slurm",
                                                       "slurm.nodes": 2})
+
+
+def test_fetch_into_copies_straight_into_a_model_and_never_leaves_it_torn(tmp_path):
+    from infra.weightsync import load_into_model
+    from infra.weightsync.shared import OverwrittenWhileRead
+
+    store = SharedWeightStore(tmp_path, keep=2)
+    for v in (0, 1):
+        store.publish(v, state(v))
+    model = {k: torch.zeros_like(t).to(torch.bfloat16) for k, t in state(0).items() if k != "lm_head.weight"}
+    model["lm_head.weight"] = model["embed.weight"]  # tied in the model too
+    assert store.fetch_into(1, model) == 1
+    want = state(1)
+    assert all(torch.equal(model[k], want[k].to(torch.bfloat16)) for k in want)  # converted into the model's dtype
+
+    class PublishDuringCopy(dict):
+        """The trainer overwrites slot 0 (version 2) while version 0 is being copied out of it."""
+
+        def __getitem__(self, name):
+            if name == "layer.bias" and store.latest() == 1:
+                store.publish(2, state(2))
+            return super().__getitem__(name)
+
+    torn = PublishDuringCopy(model)
+    with pytest.raises(OverwrittenWhileRead, match="version 0 was overwritten while it was read.*refilled with "
+                                                   "version 2") as caught:
+        store.fetch_into(0, torn)
+    assert caught.value.held == 2
+    assert all(torch.equal(torn[k], state(2)[k].to(torch.bfloat16)) for k in want)  # whole, the version it names
+
+    class Plain(torch.nn.Module):  # stores without fetch_into: fetch, then load_state_dict
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(3))
+
+    fs = open_weight_store("fs", tmp_path / "fs")
+    fs.publish(4, {"w": torch.ones(3)})
+    plain = Plain()
+    assert load_into_model(fs, 4, plain) == 4 and torch.equal(plain.w.detach(), torch.ones(3))
