@@ -84,8 +84,7 @@ class StaticCacheDecoder:
                 self.k_cache[i].index_copy_(2, write_at, k)
                 self.v_cache[i].index_copy_(2, write_at, v)
                 keys, values = self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=attn.scaling,
-                                                 enable_gqa=self.num_kv != self.num_heads)
+            out = attend(q, keys, values, attn_mask, attn.scaling)
             h = h + attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         if write_at is None:
@@ -196,6 +195,24 @@ class DecodeGraphs:
         with GRAPH_CAPTURE, torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             logits = self.decoder.step(static_tokens, kv_len)
         return graph, static_tokens, logits
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+           scale: float) -> torch.Tensor:
+    """Attention of q [B, H, S, D] over keys/values [B, KV, L, D] (KV divides H: grouped-query) with a boolean
+    mask [B, 1, S, L]; returns [B, H, S, D]. One decode step (S = 1) folds each KV head's H / KV query heads into
+    the query length, so the cache is never repeated per head and no `enable_gqa` flag keeps SDPA on its math path
+    (the memory-efficient kernels take the mask as it is)."""
+    b, h, s, d = q.shape
+    kv = keys.shape[1]
+    if kv == h:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+    if s > 1:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+    # query head i uses KV head i // (H / KV) (HF's repeat_interleave): heads of one group are adjacent
+    grouped = q.reshape(b, kv, h // kv, d)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(b, h, 1, d)
 
 
 class HFCacheDecoder:

@@ -229,3 +229,24 @@ def test_chunks_hold_prompts_of_similar_length_and_results_keep_the_call_order(m
     monkeypatch.undo()
     alone = [gen.generate([p], n=2, seed=4 + i)[0] for i, p in enumerate(prompts)]
     assert [[c.token_ids for c in g] for g in out] == [[c.token_ids for c in g] for g in alone]
+
+
+def test_grouped_decode_attention_equals_repeated_heads_without_enable_gqa(monkeypatch):
+    """A decode step folds each KV head's query heads into the query length: the same numbers as repeating the
+    cache per head, and SDPA is never asked for enable_gqa (which keeps it on the math path)."""
+    import torch.nn.functional as F
+
+    from forge_core.generation.decoder import attend
+
+    g = torch.Generator().manual_seed(0)
+    q, keys, values = (torch.randn(3, 8, 1, 16, generator=g), torch.randn(3, 2, 10, 16, generator=g),
+                       torch.randn(3, 2, 10, 16, generator=g))
+    mask = torch.rand(3, 1, 1, 10, generator=g) > 0.3
+    mask[:, :, :, 0] = True
+    repeated = F.scaled_dot_product_attention(q, keys.repeat_interleave(4, 1), values.repeat_interleave(4, 1),
+                                              attn_mask=mask, scale=0.25)
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(k) or real(*a, **k))
+    torch.testing.assert_close(attend(q, keys, values, mask, 0.25), repeated, rtol=1e-6, atol=1e-6)
+    assert calls and not any(k.get("enable_gqa") for k in calls)
