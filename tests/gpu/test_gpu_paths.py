@@ -138,3 +138,96 @@ def test_cuda_graph_decode_samples_what_eager_decode_does(monkeypatch):
     for a, b in zip(graphed, eager):
         for x, y in zip(a, b):
             assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+
+
+# ---- the GPU-readiness issue (#28): what CPU tests cannot reach ----
+
+def test_graph_capture_survives_a_receiver_thread_allocating_on_the_device():
+    """The decoder captures its CUDA graphs (thread_local, GRAPH_CAPTURE held) while another thread allocates and
+    copies on the GPU, as the weight-broadcast receiver does: no capture error, the same samples as eager decode."""
+    import threading
+
+    from forge_core.generation.decoder import GRAPH_CAPTURE
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-arith", seed=0)
+    model = model.cuda()
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    stop = threading.Event()
+
+    def receiver():
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            while not stop.is_set():
+                with GRAPH_CAPTURE:
+                    buffer = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+                buffer.fill_(1)
+                stream.synchronize()
+
+    thread = threading.Thread(target=receiver, daemon=True)
+    thread.start()
+    try:
+        graphs = TorchGenerator(model, tok, params, cuda_graphs=True).generate(PROMPTS, n=4, seed=3)
+    finally:
+        stop.set()
+        thread.join(10)
+    eager = TorchGenerator(model, tok, params, cuda_graphs=False).generate(PROMPTS, n=4, seed=3)
+    assert [[c.token_ids for c in g] for g in graphs] == [[c.token_ids for c in g] for g in eager]
+
+
+def test_grouped_decode_attention_runs_a_fused_kernel_on_cuda():
+    """Without enable_gqa the decode step's attention is accepted by the memory-efficient kernel (math excluded)
+    and equals repeated heads."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from forge_core.generation.decoder import attend
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(4, 16, 1, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    keys, values = (torch.randn(4, 4, 300, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    mask = torch.ones(4, 1, 1, 300, dtype=torch.bool, device="cuda")
+    mask[:, :, :, :17] = False  # left padding
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        got = attend(q, keys, values, mask, 0.125)
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), keys.float().repeat_interleave(4, 1),
+                                                            values.float().repeat_interleave(4, 1), attn_mask=mask,
+                                                            scale=0.125)
+    assert torch.allclose(got.float(), want, atol=2e-2)
+
+
+def test_kv_budget_chunks_generation_on_cuda_with_the_same_samples():
+    from forge_core.generation.kv_budget import kv_budget_bytes, kv_bytes_per_token
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-arith", seed=0)
+    model = model.cuda()
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    assert kv_budget_bytes(0.0, torch.device("cuda")) > 0  # a share of the free memory by default
+    whole = TorchGenerator(model, tok, params).generate(PROMPTS, n=4, seed=3)
+    small = TorchGenerator(model, tok, params, kv_cache_gb=4 * 20 * kv_bytes_per_token(model) / 2**30)
+    chunked = small.generate(PROMPTS, n=4, seed=3)
+    assert [[c.token_ids for c in g] for g in chunked] == [[c.token_ids for c in g] for g in whole]
+
+
+def test_a_bf16_generator_beside_fp32_masters_on_cuda_trains_on_policy_with_ratio_one():
+    """trainer.recompute_proximal auto on CUDA: the bf16 generator's rounding never reaches the ratio."""
+    import copy
+
+    from forge_core.training.update import update_policy
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-arith", seed=0)
+    model = model.cuda()
+    generator = copy.deepcopy(model).to(torch.bfloat16)
+    comps = TorchGenerator(generator, tok, SamplingParams(temperature=1.0, max_new_tokens=8)).generate(
+        PROMPTS, n=2, seed=1)
+    rows = [(tok(p, add_special_tokens=False)["input_ids"], c) for p, g in zip(PROMPTS, comps) for c in g]
+    inputs = [{"tokens": torch.tensor(ids + c.token_ids)} for ids, c in rows]
+    t = max(len(c.token_ids) for _, c in rows)
+    mask = torch.zeros(len(rows), t, dtype=torch.bool)
+    old = torch.zeros(len(rows), t)
+    for i, (_, c) in enumerate(rows):
+        mask[i, :len(c.token_ids)] = True
+        old[i, :len(c.token_ids)] = torch.tensor(c.logprobs)
+    trainer = Trainer(model, get_loss("dapo"), TrainerConfig(lr=1e-4), tok.pad_token_id)
+    metrics = update_policy(trainer, inputs, {"padding_mask": mask, "advantages": torch.tensor([1.0, -1.0] * 3),
+                                              "old_logprobs": old, "ref_logprobs": None}, seed=0)
+    assert metrics["ratio_min"] == 1.0 and metrics["ratio_max"] == 1.0
+    assert metrics["rollout/behaviour_kl_k3"] > 0.0
