@@ -6,15 +6,19 @@ import torch
 import torch.distributed as dist
 
 
-def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, bf16: bool = False) -> torch.nn.Module:
     """`fully_shard` each decoder layer, then the root; gradients are summed across ranks (not averaged) because
-    every rank's loss is already divided by the whole batch's token count."""
-    from torch.distributed.fsdp import fully_shard
+    every rank's loss is already divided by the whole batch's token count. `bf16` (CUDA with model.dtype
+    bfloat16): FSDP2's MixedPrecisionPolicy gathers bf16 parameters over the fp32 masters and reduces gradients in
+    fp32 (on CPU the Trainer's autocast computes in bf16 instead)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    options = {"mp_policy": policy} if policy is not None else {}
     layers = getattr(getattr(model, "model", model), "layers", [])
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
     gloo = dist.get_backend() == "gloo"
     for module in [*layers, model]:
         module.set_gradient_divide_factor(1.0)

@@ -55,7 +55,7 @@ class TrainerWorker(Worker):
         else:
             C.prepare_trained_model(cfg, model)  # checkpointing and compile before FSDP wraps the layers
             if self.world > 1:
-                shard_model(model)
+                shard_model(model, bf16=next(model.parameters()).is_cuda and C.compute_dtype(cfg) == torch.bfloat16)
         self.trainer = self._make_trainer(model, C.build_loss(cfg), *C.trainer_arguments(cfg))
         self.trainer.reference_from_base = C.reference_from_base(cfg)  # LoRA: the base model is the reference
         self.sft_trainer: Trainer | None = None  # built by the first sft_step (its own optimizer and schedule)

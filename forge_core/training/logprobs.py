@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from forge_core.training.fused_head import head_logprobs
 from forge_core.training.packing import pack_sequences
+
+log = logging.getLogger(__name__)
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -51,7 +55,14 @@ def decoder_and_head(model):
     """(decoder, LM head) of a model whose head can run apart from its decoder (fused with the log-softmax), or None
     when the model must run whole: it picks positions itself (TitanCausalLM), is an FSDP2-sharded root (it gathers
     its embedding and head parameters only inside its own forward), or its head is wrapped or hooked."""
-    if hasattr(model, "response_logits") or hasattr(model, "reshard"):
+    if hasattr(model, "response_logits"):
+        return None
+    if hasattr(model, "reshard"):
+        # running the decoder and head apart would skip the root's FSDP hooks, which gather the head's shards
+        # and reduce its gradients: the model runs whole, full-vocabulary logits included (said once)
+        if not getattr(model, "_forgeflow_said_unfused", False):
+            log.info("fused LM head off: the model is an FSDP2-sharded root; logits are computed whole")
+            model._forgeflow_said_unfused = True
         return None
     decoder, head = getattr(model, "get_decoder", lambda: None)(), model.get_output_embeddings()
     # the fused path reads head.weight itself: a wrapped head (LoRA) or one with hooks must run as a module
