@@ -80,18 +80,24 @@ def aggregate(
     raise ValueError(f"unknown aggregation {mode!r}; choose one of {AGGREGATIONS}")
 
 
-def ratio_metrics(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Detached mean/min/max of a ratio tensor over real tokens."""
-    r = ratio.detach()[mask]
-    if r.numel() == 0:
-        return {"ratio_mean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0}
-    return {"ratio_mean": r.mean().item(), "ratio_min": r.min().item(), "ratio_max": r.max().item()}
+def ratio_metrics(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Detached mean/min/max of a ratio tensor over real tokens, as 0-dim tensors (1 with no real token); no host
+    synchronisation (the trainer reads every metric of a step at once)."""
+    r, mask = ratio.detach(), mask.bool()
+    n = mask.sum()
+    one = torch.ones((), dtype=r.dtype, device=r.device)
+    mean = masked_sum(r, mask) / n.clamp(min=1)
+    low = torch.where(mask, r, torch.full_like(r, float("inf"))).amin()
+    high = torch.where(mask, r, torch.full_like(r, float("-inf"))).amax()
+    empty = n == 0
+    return {"ratio_mean": torch.where(empty, one, mean), "ratio_min": torch.where(empty, one, low),
+            "ratio_max": torch.where(empty, one, high)}
 
 
-def masked_fraction(flags: torch.Tensor, mask: torch.Tensor) -> float:
-    """Fraction of real tokens where `flags` holds."""
-    n = mask.sum().item()
-    return (flags & mask).sum().item() / n if n else 0.0
+def masked_fraction(flags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Fraction of real tokens where `flags` holds, a 0-dim tensor (0 with no real token)."""
+    mask = mask.bool()
+    return (flags & mask).sum() / mask.sum().clamp(min=1)
 
 
 class PolicyLoss(nn.Module):
@@ -108,7 +114,8 @@ class PolicyLoss(nn.Module):
         self.check(aggregation=aggregation, max_len=max_len)
         self.aggregation = aggregation
         self.max_len = max_len
-        self.metrics: dict[str, float] = {}
+        # what the last call measured: 0-dim tensors or floats (the trainer reads them once per optimizer step)
+        self.metrics: dict[str, torch.Tensor | float] = {}
 
     @classmethod
     def check(cls, **hyperparams) -> None:
@@ -152,7 +159,7 @@ class PolicyLoss(nn.Module):
             return per_token
         kl = kl_penalty(logprobs, ref_logprobs, estimator, mask)
         n = mask.sum().clamp(min=1)
-        self.metrics["kl_mean"] = (masked_sum(kl.detach(), mask) / n).item()
+        self.metrics["kl_mean"] = masked_sum(kl.detach(), mask) / n
         if getattr(self, "kl_gradient", "standard") == "unbiased":
             kl = kl * torch.exp(log_ratio(logprobs, sampler_logprobs, mask))
         return per_token + beta * kl if beta != 0.0 else per_token

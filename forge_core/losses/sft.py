@@ -22,5 +22,5 @@ class SFTLoss(PolicyLoss):
         nll = -torch.where(mask, logprobs, torch.zeros_like(logprobs))
         loss = self.reduce(nll, mask, num_tokens, num_seqs)
         n = mask.sum().clamp(min=1)
-        self.metrics = {"nll_mean": (nll.detach().sum() / n).item()}
+        self.metrics = {"nll_mean": nll.detach().sum() / n}
         return loss

@@ -77,15 +77,21 @@ class Correction:
     metrics: dict[str, float]
 
 
-def mismatch_metrics(proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """The behaviour/proximal mismatch over real tokens: k3 KL(behav || prox) and the max |Δ logprob|."""
+def mismatch_tensors(proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The behaviour/proximal mismatch over real tokens as 0-dim tensors (no host synchronisation): k3 KL(behav ||
+    prox) and the max |Δ logprob| (0 with no real token)."""
     mask = mask.bool()
-    if not mask.any():
-        return {"rollout/behaviour_kl_k3": 0.0, "rollout/behaviour_logprob_diff_max": 0.0}
-    delta = (proximal.double() - behaviour.double())[mask]  # log(π_prox / π_behav) per token
+    delta = torch.where(mask, proximal.double() - behaviour.double(), 0.0)  # log(π_prox / π_behav) per token
     # k3 estimate of KL(behav || prox) from samples of behav: E[w - 1 - log w], w = π_prox / π_behav
-    k3 = torch.expm1(delta) - delta
-    return {"rollout/behaviour_kl_k3": k3.mean().item(), "rollout/behaviour_logprob_diff_max": delta.abs().max().item()}
+    k3 = torch.where(mask, torch.expm1(delta) - delta, 0.0)
+    return {"rollout/behaviour_kl_k3": k3.sum() / mask.sum().clamp(min=1),
+            "rollout/behaviour_logprob_diff_max": delta.abs().amax() if delta.numel() else delta.new_zeros(())}
+
+
+def mismatch_metrics(proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """mismatch_tensors as floats."""
+    found = mismatch_tensors(proximal, behaviour, mask)
+    return dict(zip(found, torch.stack(list(found.values())).tolist(), strict=True))
 
 
 def log_weights(proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:

@@ -40,9 +40,9 @@ class PipelineTrainer(Trainer):
 
         self.model.train()
         mask, kept = targets["padding_mask"].bool(), loss_mask_of(targets)
-        if self.skips(kept, num_tokens):  # the stages all see the same rows: they skip together
+        num_tokens = kept.sum().item() if num_tokens is None else num_tokens
+        if self.skips(num_tokens):  # the stages all see the same rows: they skip together
             return 0.0
-        num_tokens = num_tokens or kept.sum().clamp(min=1).item()
         num_seqs = num_seqs or (kept.sum(-1) > 0).sum().clamp(min=1).item()
         batch = collate(inputs, mask, self.pad_id)
         rows = len(inputs)
@@ -73,7 +73,7 @@ class PipelineTrainer(Trainer):
         index = torch.arange(rows + extra, device=self.device)  # the loss looks each micro-batch's rows up by index
         args = (data["tokens"],) if self.first else ()
         schedule.step(*args, target=index if self.last else None, return_outputs=False)
-        totals = self._from_last_stage(totals)
+        totals = self._from_last_stage(totals.read()[0])
         if not totals.finite:
             self.optimizer.zero_grad(set_to_none=True)
             raise RuntimeError(f"non-finite loss at step {self.step}; weights left unchanged — lower trainer.lr or "

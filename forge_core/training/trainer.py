@@ -16,7 +16,7 @@ from forge_core.models.lora import adapters_disabled
 from forge_core.seeding import restore_rng_states, rng_states
 from forge_core.training.batching import collate
 from forge_core.training.config import TrainerConfig
-from forge_core.training.correction import mismatch_metrics
+from forge_core.training.correction import mismatch_tensors
 from forge_core.training.logprobs import sequence_logprobs
 from forge_core.training.shared_prompts import can_share_prompts, shared_prompt_logprobs, split_shared_prompts
 from forge_core.training.state_hash import state_sha256
@@ -31,13 +31,26 @@ COMPUTE_DTYPES = (None, torch.bfloat16, torch.float32)
 
 @dataclass
 class StepTotals:
-    """What a step adds up over its micro-batches."""
+    """What a step adds up over its micro-batches: 0-dim tensors where they are computed (or floats), turned into
+    floats by `read` in one host synchronisation per optimizer step."""
 
-    loss: float = 0.0
-    entropy: float = 0.0
-    finite: bool = True
-    weighted: dict[str, float] = field(default_factory=dict)
-    maxima: dict[str, float] = field(default_factory=dict)
+    loss: torch.Tensor | float = 0.0
+    entropy: torch.Tensor | float = 0.0
+    finite: torch.Tensor | bool = True
+    weighted: dict[str, torch.Tensor | float] = field(default_factory=dict)
+    maxima: dict[str, torch.Tensor | float] = field(default_factory=dict)
+
+    def read(self, *extra: torch.Tensor) -> tuple[StepTotals, list[float]]:
+        """(these totals as floats, the `extra` 0-dim tensors as floats), read from the device at once."""
+        names = ["loss", "entropy", "finite", *(f"w:{k}" for k in self.weighted), *(f"m:{k}" for k in self.maxima)]
+        values = [self.loss, self.entropy, self.finite, *self.weighted.values(), *self.maxima.values(), *extra]
+        device = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        flat = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
+        floats = flat.tolist()  # the one synchronisation
+        got = dict(zip(names, floats, strict=False))
+        totals = StepTotals(got["loss"], got["entropy"], bool(got["finite"]),
+                            {k: got[f"w:{k}"] for k in self.weighted}, {k: got[f"m:{k}"] for k in self.maxima})
+        return totals, floats[len(names):]
 
 
 def add_mismatch(totals: StepTotals, current: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
@@ -45,11 +58,12 @@ def add_mismatch(totals: StepTotals, current: torch.Tensor, behaviour: torch.Ten
     """Add one micro-batch's behaviour/proximal mismatch (current logprobs [b, T] are the proximal ones on an
     on-policy step) to `totals`: rollout/behaviour_kl_k3 (token mean) and rollout/behaviour_logprob_diff_max."""
     mask = mask.bool()
-    share = mask.sum().item() / num_tokens
-    found = mismatch_metrics(current, behaviour.to(current.device), mask)
+    share = mask.sum() / num_tokens
+    found = mismatch_tensors(current, behaviour.to(current.device), mask)
     key, top = "rollout/behaviour_kl_k3", "rollout/behaviour_logprob_diff_max"
     totals.weighted[key] = totals.weighted.get(key, 0.0) + share * found[key]
-    totals.maxima[top] = max(totals.maxima.get(top, 0.0), found[top])
+    totals.maxima[top] = torch.maximum(torch.as_tensor(totals.maxima.get(top, 0.0), device=found[top].device,
+                                                       dtype=found[top].dtype), found[top])
 
 
 def lr_factor(step: float, config: TrainerConfig, total_steps: int) -> float:
@@ -145,13 +159,14 @@ class Trainer:
         num_tokens/num_seqs override the normalisers when this batch is one rank's share of a larger one."""
         self.model.train()
         device = next(self.model.parameters()).device
+        mask = targets["padding_mask"].bool()  # stays on the host: collate reads its row lengths there
         targets = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in targets.items()}
-        mask = targets["padding_mask"].bool()
         loss_mask = loss_mask_of(targets)
-        if self.skips(loss_mask, num_tokens):
+        if num_tokens is None or num_seqs is None:  # this batch's own normalisers, read in one synchronisation
+            kept, seqs = torch.stack([loss_mask.sum(), (loss_mask.sum(-1) > 0).sum()]).tolist()
+            num_tokens, num_seqs = num_tokens if num_tokens is not None else kept, num_seqs or max(seqs, 1)
+        if self.skips(num_tokens):
             return 0.0
-        num_tokens = num_tokens or loss_mask.sum().clamp(min=1).item()
-        num_seqs = num_seqs or (loss_mask.sum(-1) > 0).sum().clamp(min=1).item()
         mb = self.config.micro_batch_size
         self.optimizer.zero_grad(set_to_none=True)
         totals = StepTotals()
@@ -164,17 +179,19 @@ class Trainer:
             behaviour = pick(targets, "behaviour_logprobs", sl)
             if behaviour is not None:
                 add_mismatch(totals, lp.detach(), behaviour, loss_mask[sl], num_tokens)
-            if not all_ranks_agree(totals.finite):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise RuntimeError(f"non-finite loss ({loss.item()}) at step {self.step} (micro-batch at row {start}"
-                                   f"{'' if totals.finite else ' of this rank'}); weights left unchanged — lower "
-                                   "trainer.lr or check the rewards/advantages")
-            loss.backward()
+            loss.backward()  # a non-finite loss is refused below, before the optimizer step
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.max_norm if self.config.max_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros((), device=device)
         # sharded (DTensor) parameters give a DTensor norm; its full value is the global norm
-        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        # every metric of the step, and whether every rank's loss was finite, in one host synchronisation
+        totals, (grad_norm, finite_everywhere) = totals.read(grad_norm, all_ranks_min(totals.finite, device))
+        if not finite_everywhere:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RuntimeError(f"non-finite loss ({totals.loss}) at step {self.step}"
+                               f"{'' if totals.finite else ' on this rank'}; weights left unchanged — lower "
+                               "trainer.lr or check the rewards/advantages")
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise RuntimeError(f"non-finite gradient norm at step {self.step}; weights left unchanged — lower trainer.lr")
@@ -187,11 +204,11 @@ class Trainer:
                         "num_tokens": float(num_tokens), **totals.weighted, **totals.maxima}
         return totals.loss
 
-    def skips(self, loss_mask: torch.Tensor, num_tokens: float | None) -> bool:
-        """Whether this optimizer step has no token to learn from (every one masked; `num_tokens`: the whole
-        batch's count when this is one rank's share): then it is not made, as AdamW's momentum alone would still
-        move the weights; metrics say `skipped`."""
-        if (loss_mask.sum().item() if num_tokens is None else num_tokens) > 0:
+    def skips(self, num_tokens: float) -> bool:
+        """Whether this optimizer step has no token to learn from (`num_tokens` kept in the whole batch is 0: every
+        one masked): then it is not made, as AdamW's momentum alone would still move the weights; metrics say
+        `skipped`."""
+        if num_tokens > 0:
             return False
         self.metrics = {"loss": 0.0, "num_tokens": 0.0, "skipped": 1.0}
         return True
@@ -215,10 +232,10 @@ class Trainer:
         ent_tokens = torch.where(mask, entropy, torch.zeros_like(entropy)).sum()
         if self.config.entropy_coef:
             loss = loss - self.config.entropy_coef * ent_tokens / num_tokens
-        totals.finite = totals.finite and bool(torch.isfinite(loss))
-        totals.loss += loss.item()
-        totals.entropy += ent_tokens.item()
-        share = mask.sum().item() / num_tokens
+        totals.finite = torch.isfinite(loss.detach()) & totals.finite
+        totals.loss = totals.loss + loss.detach()
+        totals.entropy = totals.entropy + ent_tokens.detach()
+        share = mask.sum() / num_tokens
         for k, v in getattr(self.loss_fn, "metrics", {}).items():
             totals.weighted[k] = totals.weighted.get(k, 0.0) + share * v
         return loss
@@ -286,14 +303,14 @@ def loss_mask_of(targets: dict) -> torch.Tensor:
     return mask if extra is None else mask & extra.bool().to(mask.device)
 
 
-def all_ranks_agree(flag: bool) -> bool:
-    """True when `flag` holds on every rank of a multi-rank trainer (one all-reduce), so that all ranks raise
-    together instead of one raising while the others wait in the next collective; `flag` itself in one process."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    value = torch.tensor(float(flag), device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
-    return bool(value.item())
+def all_ranks_min(flag: torch.Tensor | bool, device: torch.device) -> torch.Tensor:
+    """`flag` (a 0-dim tensor or bool) as a float tensor, all-reduced with MIN over the ranks of a multi-rank
+    trainer (no host synchronisation): all ranks then raise together instead of one raising while the others wait
+    in the next collective."""
+    value = torch.as_tensor(flag, dtype=torch.float32, device=device).reshape(1)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return value.reshape(())
 
 
 def pick(targets: dict, key: str, sl: slice):

@@ -159,3 +159,38 @@ def test_disk_full_while_saving_leaves_the_previous_file(small_disk):
         save_atomically({"v": torch.ones(200_000)}, path)  # 800 KB on a 256 KiB disk
     assert path.read_bytes() == before and sorted(p.name for p in small_disk.iterdir()) == ["state.pt"]
     assert torch.equal(torch.load(path)["v"], torch.zeros(1000))
+
+
+def test_a_step_reads_its_metrics_from_the_device_once_however_many_micro_batches(monkeypatch):
+    """Losses keep their metrics as tensors; the trainer reads the normalisers once and every metric once per
+    optimizer step (before: about a dozen reads per micro-batch, each a host synchronisation on a GPU)."""
+    import traceback
+
+    from forge_core.losses import get_loss
+
+    reads: list[str] = []
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, **kwargs):
+            frame = traceback.extract_stack(limit=2)[0]
+            # ours, not the model library's; collate reads the host-side padding mask (no device involved)
+            if "forge_core" in frame.filename and not frame.filename.endswith("batching.py"):
+                reads.append(f"{frame.filename}:{frame.lineno} {frame.line}")
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    per_step = {}
+    for micro in (1, 64):
+        model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
+        trainer = Trainer(model, get_loss("grpo", beta=0.04), TrainerConfig(lr=1e-3, micro_batch_size=micro,
+                                                                            share_prompts=False), tok.pad_token_id)
+        inputs, targets = make_batch(tok)
+        targets = {**targets, "ref_logprobs": targets["old_logprobs"] - 0.1,
+                   "behaviour_logprobs": targets["old_logprobs"], "old_logprobs": None}
+        reads.clear()
+        trainer.train_step(inputs, targets)
+        per_step[micro] = len(reads)
+        assert {"ratio_max", "clip_frac_high", "kl_mean", "rollout/behaviour_kl_k3"} <= set(trainer.metrics)
+        assert all(isinstance(v, float) for v in trainer.metrics.values())
+    assert len(inputs) > 1 and per_step == {1: 2, 64: 2}, reads
