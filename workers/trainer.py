@@ -277,7 +277,7 @@ class TrainerWorker(Worker):
         # loss, entropy and the loss's diagnostics are this slice's share of the batch's value (global normalisers):
         # sum them over the slices; every rank of a slice reports its slice (pipeline stages: the last stage's)
         metrics = dict(trainer.metrics)
-        shared = sorted(k for k in metrics if k not in ("grad_norm", "lr", "num_tokens"))
+        shared = sorted(k for k in metrics if k not in ("grad_norm", "lr", "num_tokens", "pipeline_schedules_built"))
         sums = torch.tensor([metrics[k] for k in shared], dtype=torch.float64)
         dist.all_reduce(sums)
         metrics.update(zip(shared, (sums / (self.tp * self.pp)).tolist(), strict=True))

@@ -17,6 +17,9 @@ from forge_core.training.batching import collate
 from forge_core.training.logprobs import gather_logprobs, token_entropy
 from forge_core.training.trainer import StepTotals, Trainer, loss_mask_of
 
+LENGTH_BUCKET = 64  # a step's token length is padded up to a multiple of this (fewer distinct schedule shapes)
+MAX_SCHEDULES = 8  # schedules kept per stage, oldest dropped first
+
 
 class PipelineTrainer(Trainer):
     """`model` holds this rank's stage (its parameters are the ones optimised here); `stage_module` is the part of
@@ -30,14 +33,15 @@ class PipelineTrainer(Trainer):
         self.stage_index, self.num_stages = stage_index, num_stages
         self.first, self.last = stage_index == 0, stage_index == num_stages - 1
         self._meta = None
+        self._schedules: dict[tuple[int, int, int], object] = {}
+        self._step_state: tuple = ()
+        self.schedules_built = 0
 
     def train_step(self, inputs: list[dict], targets: dict, num_tokens: int | None = None,
                    num_seqs: int | None = None) -> float:
         """One optimizer step of this stage over the whole batch (collective over the pipeline group); every stage
         returns the loss. Arguments as `Trainer.train_step`; micro-batches hold micro_batch_size rows (at least
         one per stage, padded with empty rows to equal sizes)."""
-        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
         self.model.train()
         mask, kept = targets["padding_mask"].bool(), loss_mask_of(targets)
         num_tokens = kept.sum().item() if num_tokens is None else num_tokens
@@ -48,27 +52,18 @@ class PipelineTrainer(Trainer):
         rows = len(inputs)
         n_micro = min(rows, max(-(-rows // self.config.micro_batch_size), self.num_stages))
         extra = -rows % n_micro  # empty rows (no real token) so every micro-batch has the same shape
-        data = {"tokens": pad_rows(batch.tokens, extra, self.pad_id), "positions": pad_rows(batch.positions, extra, 0),
+        # right-padded to a length bucket (causal: real positions see no padding), so the schedule of one
+        # (rows, length) shape serves the later steps that have it
+        length = -(-batch.tokens.shape[1] // LENGTH_BUCKET) * LENGTH_BUCKET
+        tokens = torch.nn.functional.pad(batch.tokens, (0, length - batch.tokens.shape[1]), value=self.pad_id)
+        data = {"tokens": pad_rows(tokens, extra, self.pad_id), "positions": pad_rows(batch.positions, extra, 0),
                 "mask": pad_rows(mask, extra, False)}
         data.update({k: pad_rows(v, extra, 0) for k, v in targets.items()
                      if isinstance(v, torch.Tensor) and k != "padding_mask"})
         data = {k: v.to(self.device) for k, v in data.items()}
         totals = StepTotals()
-
-        def schedule_loss(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-            return self._loss(logits, index, data, totals, num_tokens, num_seqs)
-
-        # shapes given up front: torch would otherwise infer them with a forward and backward on empty tensors,
-        # which calls the loss on garbage and leaves their gradients in unsharded stages
-        b, length = (rows + extra) // n_micro, data["tokens"].shape[1]
-        (in_dtype, in_dim), (out_dtype, out_dim) = self._boundary_meta()
-        # hidden states carry gradients between stages (what tells torch to send and receive them)
-        example_in = (torch.empty((b, length), dtype=in_dtype, device=self.device) if self.first else
-                      torch.empty((b, length, in_dim), dtype=in_dtype, device=self.device, requires_grad=True))
-        example_out = torch.empty((b, length, out_dim), dtype=out_dtype, device=self.device, requires_grad=True)
-        stage = PipelineStage(self.stage_module, self.stage_index, self.num_stages, self.device, group=self.group,
-                              input_args=example_in, output_args=example_out)
-        schedule = ScheduleGPipe(stage, n_microbatches=n_micro, loss_fn=schedule_loss, scale_grads=False)
+        self._step_state = (data, totals, num_tokens, num_seqs)  # what the cached schedules' loss reads
+        schedule = self._schedule((rows + extra) // n_micro, length, n_micro)
         self.optimizer.zero_grad(set_to_none=True)
         index = torch.arange(rows + extra, device=self.device)  # the loss looks each micro-batch's rows up by index
         args = (data["tokens"],) if self.first else ()
@@ -85,8 +80,36 @@ class PipelineTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.metrics = {"loss": totals.loss, "grad_norm": grad_norm, "lr": lr, "entropy": totals.entropy / num_tokens,
-                        "num_tokens": float(num_tokens), **totals.weighted}
+                        "num_tokens": float(num_tokens), "pipeline_schedules_built": float(self.schedules_built),
+                        **totals.weighted}
         return totals.loss
+
+    def _schedule(self, b: int, length: int, n_micro: int):
+        """The GPipe schedule (and PipelineStage) for micro-batches of b rows × `length` tokens, built once per
+        shape and kept (MAX_SCHEDULES at most): building them is a setup of its own each time."""
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        key = (b, length, n_micro)
+        if key in self._schedules:
+            return self._schedules[key]
+        # shapes given up front: torch would otherwise infer them with a forward and backward on empty tensors,
+        # which calls the loss on garbage and leaves their gradients in unsharded stages
+        (in_dtype, in_dim), (out_dtype, out_dim) = self._boundary_meta()
+        # hidden states carry gradients between stages (what tells torch to send and receive them)
+        example_in = (torch.empty((b, length), dtype=in_dtype, device=self.device) if self.first else
+                      torch.empty((b, length, in_dim), dtype=in_dtype, device=self.device, requires_grad=True))
+        example_out = torch.empty((b, length, out_dim), dtype=out_dtype, device=self.device, requires_grad=True)
+        stage = PipelineStage(self.stage_module, self.stage_index, self.num_stages, self.device, group=self.group,
+                              input_args=example_in, output_args=example_out)
+
+        def schedule_loss(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+            return self._loss(logits, index, *self._step_state)
+
+        if len(self._schedules) >= MAX_SCHEDULES:
+            self._schedules.pop(next(iter(self._schedules)))
+        self._schedules[key] = ScheduleGPipe(stage, n_microbatches=n_micro, loss_fn=schedule_loss, scale_grads=False)
+        self.schedules_built += 1
+        return self._schedules[key]
 
     @torch.no_grad()
     def proximal_logprobs(self, inputs: list[dict], padding_mask: torch.Tensor) -> torch.Tensor:

@@ -100,6 +100,8 @@ def test_titan_pipeline_stages_match_hf_backend_and_checkpoint_reshards(tmp_path
     groups = scored_groups(hf_cfg, untied, tok)  # 32 episodes; pp2: 7 micro-batches of 5 rows, 3 rows padding
     hf, pp = train_two_steps(hf_cfg, tmp_path / "hf", groups), train_two_steps(pp_cfg, tmp_path / "pp", groups)
     assert_same_training(hf, pp)
+    # the second step's batch has the first's shape: its GPipe schedule is the one built then
+    assert pp[0][0]["loss/pipeline_schedules_built"] == pp[0][1]["loss/pipeline_schedules_built"] == 1.0
     assert pp[0][0]["loss/entropy"] == pytest.approx(hf[0][0]["loss/entropy"], rel=1e-5)  # from the last stage
     shared = {k for k in hf[0][1] if k.startswith(("rollout/behaviour", "rollout/is_"))}
     assert "rollout/behaviour_kl_k3" in shared and ("rollout/is_weight_mean" in shared) == bool(update)
