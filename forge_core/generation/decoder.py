@@ -46,6 +46,7 @@ class StaticCacheDecoder:
         self.supports_select = True
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
+        self.arena: dict[str, torch.Tensor] | None = None  # fixed shapes: buffers kept across chunks (into_arena)
         self.key_valid: torch.Tensor | None = None
         self.length = 0
 
@@ -107,17 +108,55 @@ class StaticCacheDecoder:
         mask = (causal[None] & valid[:, None, :]) | torch.eye(p, dtype=torch.bool, device=ids.device)[None]
         logits = self.forward(ids, positions, mask[:, None])
         if repeat > 1:
-            self.k_cache = self.k_cache.repeat_interleave(repeat, dim=1)
-            self.v_cache = self.v_cache.repeat_interleave(repeat, dim=1)
             logits = logits.repeat_interleave(repeat, dim=0)
             valid = valid.repeat_interleave(repeat, dim=0)
-        self.key_valid = torch.zeros(valid.shape[0], total, dtype=torch.bool, device=ids.device)
-        self.key_valid[:, :p] = valid
-        self.next_position = valid.long().sum(-1)
-        self.write_at = torch.full((1,), p, dtype=torch.long, device=ids.device)  # fixed shapes: the next slot
-        if self.graphs is not None:
-            self.graphs.clear()  # they hold the previous chunk's buffers
+        if self.fixed_shapes:
+            self.into_arena(self.k_cache, self.v_cache, valid, repeat, total)
+        else:
+            if repeat > 1:
+                self.k_cache = self.k_cache.repeat_interleave(repeat, dim=1)
+                self.v_cache = self.v_cache.repeat_interleave(repeat, dim=1)
+            self.key_valid = torch.zeros(valid.shape[0], total, dtype=torch.bool, device=ids.device)
+            self.key_valid[:, :p] = valid
+            self.next_position = valid.long().sum(-1)
+            self.write_at = torch.full((1,), p, dtype=torch.long, device=ids.device)
         return logits
+
+    def reserve(self, rows: int, total: int) -> dict[str, torch.Tensor]:
+        """The persistent buffers, grown (and the graphs that read the old ones dropped) to hold `rows` rows of
+        `total` positions; a caller that knows a call's largest chunk reserves it first, so the call grows them
+        once."""
+        arena = self.arena
+        if arena is None or arena["k"].shape[1] < rows or arena["k"].shape[3] < total:
+            rows_cap = max(rows, arena["k"].shape[1] if arena else 0)
+            total_cap = max(-(-total // self.length_bucket) * self.length_bucket, arena["k"].shape[3] if arena else 0)
+            param = next(self.model.parameters())
+            shape = (len(self.base.layers), rows_cap, self.num_kv, total_cap, self.head_dim)
+            self.arena = arena = {"k": torch.zeros(shape, dtype=param.dtype, device=param.device),
+                                  "v": torch.zeros(shape, dtype=param.dtype, device=param.device),
+                                  "valid": torch.zeros(rows_cap, total_cap, dtype=torch.bool, device=param.device),
+                                  "position": torch.zeros(rows_cap, dtype=torch.long, device=param.device),
+                                  "write_at": torch.zeros(1, dtype=torch.long, device=param.device)}
+            if self.graphs is not None:
+                self.graphs.clear()  # they read the old buffers
+        return arena
+
+    def into_arena(self, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, repeat: int, total: int) -> None:
+        """Fixed shapes: move the prompts' cache into the decoder's persistent buffers (grown when too small), whose
+        first rows the decode steps then use: a CUDA graph captured for (rows, attended length) reads them where
+        they are, so it serves every later chunk of that size, not just this one."""
+        rows, p = valid.shape
+        arena = self.reserve(rows, total)
+        self.k_cache, self.v_cache = arena["k"][:, :rows], arena["v"][:, :rows]
+        for cache, prompt in ((self.k_cache, k[:, :, :, :p]), (self.v_cache, v[:, :, :, :p])):
+            cache[:, :, :, :p].copy_(prompt.repeat_interleave(repeat, dim=1) if repeat > 1 else prompt)
+        self.key_valid = arena["valid"][:rows]
+        self.key_valid.zero_()
+        self.key_valid[:, :p] = valid
+        self.next_position = arena["position"][:rows]
+        self.next_position.copy_(valid.long().sum(-1))
+        self.write_at = arena["write_at"]
+        self.write_at.fill_(p)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append one token per row [B]; returns next logits [B, V]."""
@@ -145,20 +184,32 @@ class StaticCacheDecoder:
         where only once half the rows are done."""
         return self.graphs is None or live <= rows // 2
 
+    def compact_size(self, live: int) -> int:
+        """How many rows a compaction keeps for `live` unfinished ones: exactly those, or with CUDA graphs the next
+        power of two (some finished rows ride along) so few batch sizes, each captured once, recur."""
+        return live if self.graphs is None else 1 << (live - 1).bit_length()
+
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` of the batch (drop finished sequences so they cost nothing)."""
-        self.k_cache = self.k_cache[:, rows]
-        self.v_cache = self.v_cache[:, rows]
-        self.key_valid = self.key_valid[rows]
-        self.next_position = self.next_position[rows]
-        if self.graphs is not None:
-            self.graphs.clear()
+        """Keep only `rows` of the batch (drop finished sequences so they cost nothing); with fixed shapes, in place
+        in the first rows of the persistent buffers (graphs of that many rows stay valid)."""
+        if not self.fixed_shapes:
+            self.k_cache, self.v_cache = self.k_cache[:, rows], self.v_cache[:, rows]
+            self.key_valid, self.next_position = self.key_valid[rows], self.next_position[rows]
+            return
+        n, arena = len(rows), self.arena
+        for name in ("k", "v"):
+            arena[name][:, :n].copy_(arena[name][:, rows])  # index_select copies first: no overlap hazard
+        arena["valid"][:n].copy_(arena["valid"][rows])
+        arena["position"][:n].copy_(arena["position"][rows])
+        self.k_cache, self.v_cache = arena["k"][:, :n], arena["v"][:, :n]
+        self.key_valid, self.next_position = arena["valid"][:n], arena["position"][:n]
 
 
 class DecodeGraphs:
     """CUDA graphs of StaticCacheDecoder.step, one per (batch size, attended length), captured on first use: a decode
-    step becomes one graph launch instead of hundreds of kernel launches. They read the decoder's buffers where
-    they are, so weights loaded in place keep them valid; a new chunk or a compaction (new buffers) clears them."""
+    step becomes one graph launch instead of hundreds of kernel launches. They read the decoder's persistent
+    buffers where they are, so they serve every later chunk and compaction of their size, and weights loaded in
+    place keep them valid; only a growth of the buffers clears them."""
 
     def __init__(self, decoder: StaticCacheDecoder) -> None:
         self.decoder = decoder

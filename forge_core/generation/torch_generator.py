@@ -35,6 +35,7 @@ class TorchGenerator:
         # CUDA graphs of the decode step (None: on when the model is on CUDA); fixed_shapes runs the graph's
         # fixed-shape step without capturing it (what CPU tests check)
         self.cuda_graphs, self.fixed_shapes = cuda_graphs, fixed_shapes
+        self._decoder = None  # see decoder()
         self.policy_version = 0
 
     @property
@@ -85,6 +86,9 @@ class TorchGenerator:
         sizes = plan_chunks([len(rows[i]) for i in order], n, params.max_new_tokens, kv_bytes_per_token(self.model),
                             kv_budget_bytes(self.kv_cache_gb, self.device), self.max_batch)
         out: list[list[Completion]] = [None] * len(prompts)  # type: ignore[list-item]
+        decoder = self.decoder()
+        if sizes and getattr(decoder, "fixed_shapes", False):  # one growth of its buffers for the whole call
+            decoder.reserve(max(sizes) * n, max(len(r) for r in rows) + params.max_new_tokens)
         start = 0
         for size in sizes:
             chunk = order[start:start + size]
@@ -102,8 +106,7 @@ class TorchGenerator:
         ids, mask = self.encode_prompts(prompt_rows)
         device = self.device
         ids, mask = ids.to(device), mask.to(device)
-        graphs = device.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
-        decoder = make_decoder(self.model, self.prefer_fast, cuda_graphs=graphs, fixed_shapes=self.fixed_shapes)
+        decoder = self.decoder()
         logits = decoder.prefill(ids, mask, params.max_new_tokens, n)
         batch, steps = logits.shape[0], params.max_new_tokens
         pad = self.tokenizer.pad_token_id
@@ -132,11 +135,20 @@ class TorchGenerator:
                 if live == 0:
                     break
                 if live < len(alive) and decoder.supports_select and decoder.should_compact(live, len(alive)):
-                    keep = alive.nonzero().squeeze(-1)
+                    keep = rows_to_keep(alive, decoder.compact_size(live))
                     decoder.select(keep)
                     rows, keys, alive, next_tokens = rows[keep], keys[keep], alive[keep], next_tokens[keep]
             logits = decoder.decode(next_tokens)
         return self.package(tokens.cpu(), logprobs.cpu(), lengths.cpu(), prompt_indices or range(len(prompt_rows)), n)
+
+    def decoder(self):
+        """The decoder of this generator's chunks: with fixed shapes (CUDA graphs) one kept for the generator's
+        life, whose buffers and captured graphs every chunk reuses; else a fresh one per chunk."""
+        graphs = self.device.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
+        if self._decoder is None or not getattr(self._decoder, "fixed_shapes", False):
+            self._decoder = make_decoder(self.model, self.prefer_fast, cuda_graphs=graphs,
+                                         fixed_shapes=self.fixed_shapes)
+        return self._decoder
 
     def package(self, tokens, logprobs, lengths, prompt_indices, n) -> list[list[Completion]]:
         """Turn padded [B, T] results into Completions grouped by prompt (metadata: its index in the call)."""
@@ -156,6 +168,12 @@ class TorchGenerator:
                 ))
             groups.append(group)
         return groups
+
+
+def rows_to_keep(alive: torch.Tensor, size: int) -> torch.Tensor:
+    """Indices [size] of the rows a compaction keeps: every live one, then finished ones to make up `size`."""
+    order = torch.argsort((~alive).to(torch.int8), stable=True)  # live rows first, in order
+    return order[:size]
 
 
 def checked_rows(prompt_ids: list[list[int]], num_prompts: int) -> list[list[int]]:

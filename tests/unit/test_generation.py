@@ -250,3 +250,46 @@ def test_grouped_decode_attention_equals_repeated_heads_without_enable_gqa(monke
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(k) or real(*a, **k))
     torch.testing.assert_close(attend(q, keys, values, mask, 0.25), repeated, rtol=1e-6, atol=1e-6)
     assert calls and not any(k.get("enable_gqa") for k in calls)
+
+
+def test_decode_graphs_are_captured_once_per_generator_not_once_per_chunk(model_and_tok, monkeypatch):
+    """One decoder per generator keeps its buffers: a graph of (rows, attended length) serves every later chunk and
+    compaction of that size. On CPU a stand-in for the capture (it replays by running the step on the same
+    buffers) counts captures; the samples equal the fixed-shape decoder without graphs."""
+    from forge_core.generation import decoder
+
+    captured = []
+
+    class StandInGraph:
+        def __init__(self, dec, static_tokens, kv_len):
+            self.dec, self.static_tokens, self.kv_len = dec, static_tokens, kv_len
+            self.logits = None
+
+        def replay(self):
+            self.logits.copy_(self.dec.step(self.static_tokens, self.kv_len))
+
+    def capture(self, tokens, kv_len):
+        captured.append((tokens.shape[0], kv_len))
+        graph = StandInGraph(self.decoder, tokens.clone(), kv_len)
+        graph.logits = self.decoder.step(graph.static_tokens, kv_len).clone()
+        return graph, graph.static_tokens, graph.logits
+
+    monkeypatch.setattr(decoder.DecodeGraphs, "capture", capture)
+    monkeypatch.setattr(decoder, "LENGTH_BUCKET", 4)
+    model, tok = model_and_tok
+    handle = boost_eos(model, tok, 2.0)
+    try:
+        params = SamplingParams(temperature=1.0, max_new_tokens=12)
+        graphs = TorchGenerator(model, tok, params, max_batch=8, fixed_shapes=True)
+        graphs._decoder = decoder.StaticCacheDecoder(model, cuda_graphs=True)  # what make_decoder gives on CUDA
+        first = graphs.generate(PROMPTS, n=4, seed=9)
+        after_first = len(captured)
+        second = graphs.generate(PROMPTS, n=4, seed=9)
+        plain = TorchGenerator(model, tok, params, max_batch=8, fixed_shapes=True).generate(PROMPTS, n=4, seed=9)
+    finally:
+        handle.remove()
+    assert after_first > 0 and len(captured) == after_first  # the second call captured nothing
+    assert len(captured) == len(set(captured))  # each (rows, length) once
+    assert all(rows & (rows - 1) == 0 for rows, _ in captured)  # compactions land on powers of two
+    for run in (first, second):
+        assert [[c.token_ids for c in g] for g in run] == [[c.token_ids for c in g] for g in plain]
