@@ -231,3 +231,38 @@ def test_a_bf16_generator_beside_fp32_masters_on_cuda_trains_on_policy_with_rati
                                               "old_logprobs": old, "ref_logprobs": None}, seed=0)
     assert metrics["ratio_min"] == 1.0 and metrics["ratio_max"] == 1.0
     assert metrics["rollout/behaviour_kl_k3"] > 0.0
+
+
+def test_decode_graphs_are_captured_once_per_generator_on_cuda():
+    model, tok = load_model_and_tokenizer("tiny:qwen3-arith", seed=0)
+    gen = TorchGenerator(model.cuda(), tok, SamplingParams(temperature=1.0, max_new_tokens=12), max_batch=8)
+    first = gen.generate(PROMPTS, n=4, seed=3)
+    captured = dict(gen._decoder.graphs.entries)
+    second = gen.generate(PROMPTS, n=4, seed=3)
+    assert captured and gen._decoder.graphs.entries.keys() == captured.keys()
+    assert all(gen._decoder.graphs.entries[k][0] is captured[k][0] for k in captured)  # the same graphs replayed
+    assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in second]
+
+
+def test_a_train_step_synchronizes_with_the_host_twice_on_cuda():
+    """The normalisers once, every metric once, however many micro-batches (torch's sync debug mode counts)."""
+    import warnings
+
+    from tests.unit.test_trainer import make_batch
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-arith", seed=0)
+    trainer = Trainer(model.cuda(), get_loss("grpo", beta=0.04), TrainerConfig(lr=1e-3, micro_batch_size=1,
+                                                                              share_prompts=False), tok.pad_token_id)
+    inputs, targets = make_batch(tok)
+    targets = {**targets, "ref_logprobs": targets["old_logprobs"] - 0.1, "old_logprobs": None}
+    trainer.train_step(inputs, targets)  # warm-up (allocator, kernels)
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.train_step(inputs, targets)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ours = [w for w in caught if "synchroniz" in str(w.message)]
+    print(f"syncs in one train step of {len(inputs)} micro-batches: {len(ours)}")
+    assert len(ours) < len(inputs) * 3  # was ~12 per micro-batch; HF's own mask checks add one per forward
