@@ -199,7 +199,7 @@ def test_two_threads_calling_one_client(reward_pool):
     def caller(n: int, answer: str):
         for _ in range(40):
             rewards, _ = client.call("score", groups_of(n, answer))
-            if [r for (r, _), in rewards] != [reward[answer]] * n:
+            if [r for (r, *_), in rewards] != [reward[answer]] * n:
                 errors.append(f"thread n={n} got {rewards}")
 
     threads = [threading.Thread(target=caller, args=args) for args in ((1, "7"), (3, "5"))]

@@ -49,7 +49,7 @@ def test_reward_workers_split_a_batch_and_report_one_workers_metrics(pool):
     split_rewards = [[e.reward for e in g.episodes] for g in groups]
     spans = [h["last_calls"].get("score") for h in p.health()["reward"]]
     scores, want = p.clients("reward")[0].call("score", groups)
-    assert split_rewards == [[total for total, _ in row] for row in scores]
+    assert split_rewards == [[total for total, *_ in row] for row in scores]
     assert all(spans), "each reward worker scored a shard"
     assert metrics == want
 
