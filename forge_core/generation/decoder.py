@@ -97,7 +97,8 @@ class StaticCacheDecoder:
         b, p = ids.shape
         total = p + max_new_tokens
         param = next(self.model.parameters())
-        shape = (len(self.base.layers), b, self.num_kv, total, self.head_dim)
+        # fixed shapes: the prompts' cache is only passed on into the persistent buffers, so it holds the prompts
+        shape = (len(self.base.layers), b, self.num_kv, p if self.fixed_shapes else total, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=param.dtype, device=param.device)
         self.v_cache = torch.zeros(shape, dtype=param.dtype, device=param.device)
         self.length = 0
