@@ -268,7 +268,8 @@ def run_report(args) -> int:
 
 
 def summary_text(summary: dict) -> str:
-    return "\n".join(f"{k}: {v}" for k, v in summary.items() if k != "recoveries" or v)
+    """The summary as `key: value` lines, leaving out what does not apply to this run (None, no recoveries)."""
+    return "\n".join(f"{k}: {v}" for k, v in summary.items() if v is not None and (k != "recoveries" or v))
 
 
 def parse_overrides(extra: list[str]) -> dict:

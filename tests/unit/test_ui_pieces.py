@@ -138,3 +138,13 @@ def test_sampled_evaluations_add_pass_at_k_to_the_table_the_summary_and_the_resu
                                     "minutes=1.50 run_id=r1")
     greedy_only = {"run_id": "r2", "minutes": 2.0, **held_out_summary({"eval/accuracy": 0.1}, {"eval/accuracy": 0.2})}
     assert result_line(greedy_only) == "RESULT acc_before=0.100 acc_after=0.200 minutes=2.00 run_id=r2"
+
+
+def test_the_printed_summary_leaves_out_what_does_not_apply():
+    from cli.main import summary_text
+
+    summary = {"run_id": "r1", "acc_before": 0.06, "acc_after": 0.7, "sampled_before": None, "sampled_after": None,
+               "init_model": None, "recoveries": [], "checkpoint": "/c/step-40"}
+    text = summary_text(summary)
+    assert text.splitlines() == ["run_id: r1", "acc_before: 0.06", "acc_after: 0.7", "checkpoint: /c/step-40"]
+    assert "init_model: /runs/sft" in summary_text({**summary, "init_model": "/runs/sft"})
