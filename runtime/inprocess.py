@@ -35,7 +35,7 @@ def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
     generator = TorchGenerator(model, tok, cfg.generator, kv_cache_gb=cfg.generator.kv_cache_gb)
     config, options = C.trainer_arguments(cfg)
     trainer = Trainer(C.prepare_trained_model(cfg, model), C.build_loss(cfg), config, tok.pad_token_id, **options)
-    trainer.reference_from_base = C.reference_from_base(cfg)  # LoRA: the base model is the reference
+    trainer.reference_from_base = C.reference_from_base(cfg)  # LoRA: the model RL starts from, adapters off
     ref_model = None
     if C.needs_reference(cfg):
         ref_model, _ = load_model_and_tokenizer(cfg.model.path, seed=cfg.seed)

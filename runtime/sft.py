@@ -11,7 +11,7 @@ from tqdm import tqdm
 from forge_core.data.teacher import teach
 from forge_core.losses import get_loss
 from forge_core.models import save_model_and_tokenizer
-from forge_core.models.lora import plain_model
+from forge_core.models.lora import merge_lora
 from forge_core.models.tokenizer import end_token_ids
 from forge_core.recipes.sft import make_env_sft_examples, make_sft_examples, run_sft
 from forge_core.training import Trainer
@@ -22,7 +22,9 @@ StepReport = Callable[[int, dict], None]
 
 
 def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool, report: StepReport | None = None) -> Path:
-    """Run cfg.sft.steps of SFT here with a progress bar; save the HF checkpoint to out/sft."""
+    """Run cfg.sft.steps of SFT here with a progress bar; save the HF checkpoint to out/sft. With LoRA the adapters
+    are merged into `model` in place: it goes on (to generation, to RL's fresh adapters and reference) as the plain
+    SFT model that out/sft holds, the same model a process that reloads out/sft starts from."""
     trained = model
     if cfg.trainer.backend == "titan":  # one process: torchtitan's definition of the same weights
         from forge_core.models.titan import titan_from_hf
@@ -35,7 +37,7 @@ def sft_phase(cfg: RunConfig, model, tok, splits, out: Path, show: bool, report:
                   report)
     if trained is not model:
         model.load_state_dict(trained.to_hf_state_dict())  # the HF model goes on to generate and to disk
-    return save_model_and_tokenizer(plain_model(model), tok, out / "sft")  # LoRA: adapters merged
+    return save_model_and_tokenizer(merge_lora(model), tok, out / "sft")
 
 
 def run_sft_steps(cfg: RunConfig, trainer, tok, splits, show: bool, report: StepReport | None = None) -> None:

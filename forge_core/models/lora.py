@@ -3,16 +3,25 @@
 Our own layers rather than PEFT's: the wrapped model keeps running through forge_core's decoder and fused LM head
 (the head stays a plain Linear), `merged_state_dict` gives generators plain HF keys in one pass without copying the
 model, and `adapters_disabled` gives the reference policy from the same weights. No dependency is added.
+
+One rule for the reference: it is the model a training phase starts from. `apply_lora` on a model that already has
+adapters (SFT with LoRA, then RL on the same model in one process) merges them first and starts fresh ones, so that
+"adapters off" is the SFT model, exactly what a process that reloads the saved (merged) SFT model gets. This is
+option 2 of TRL's "Reference model considerations with PEFT" (docs/source/dpo_trainer.md): merge the adapter into
+the base model, create another adapter on top, and let the adapter-less model be the reference.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 # the attention and MLP projections of Llama/Qwen-style decoders (the LM head and embeddings stay frozen)
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -71,10 +80,14 @@ class LoRALinear(nn.Module):
 
 def apply_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
     """Wrap every nn.Linear whose name ends in one of cfg.target_modules in a LoRALinear and freeze every other
-    parameter (in place; returns the model). ValueError when no module matches."""
+    parameter (in place; returns the model). Adapters the model already has are merged first (`merge_lora`): the
+    new adapters start from the model as it is, which is then the reference. ValueError when no module matches."""
     cfg.check()
-    if not cfg.enabled or has_lora(model):  # already wrapped (SFT then RL on the same model): keep its adapters
+    if not cfg.enabled:
         return model
+    if has_lora(model):  # SFT then RL on the same model: RL's reference is the SFT model, not the one before SFT
+        log.info("merging the model's LoRA adapters into its weights before adding fresh ones")
+        merge_lora(model)
     model.requires_grad_(False)
     targets = [(name, module) for name, module in model.named_modules()
                if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in cfg.target_modules]
@@ -113,12 +126,29 @@ def merge_lora_state(state: dict[str, torch.Tensor], scale: float) -> dict[str, 
         module, _, base = owner.rpartition(".")
         if base == "base" and module in adapted:  # X.base.weight / X.base.bias -> X.weight / X.bias
             if leaf == "weight":
-                delta = (state[f"{module}.lora_B"].float() @ state[f"{module}.lora_A"].float()) * scale
-                value = (value.float() + delta).to(value.dtype)
+                value = merged_weight(value, state[f"{module}.lora_A"], state[f"{module}.lora_B"], scale)
             merged[f"{module}.{leaf}"] = value
         else:
             merged[key] = value
     return merged
+
+
+def merged_weight(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor, scale: float) -> torch.Tensor:
+    """W + B A · scale in W's dtype (computed in fp32). weight: [out, in], lora_A: [rank, in], lora_B: [out, rank]."""
+    return (weight.float() + (lora_B.float() @ lora_A.float()) * scale).to(weight.dtype)
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its base Linear (the same arithmetic as `merged_state_dict`) and put the Linear back
+    in its place, in place: the model becomes the plain model it computed, every parameter trainable as in a model
+    loaded from disk. Returns the model (unchanged when it has no adapters)."""
+    wrapped = [(name, m) for name, m in model.named_modules() if isinstance(m, LoRALinear)]
+    for name, m in wrapped:
+        m.base.weight.copy_(merged_weight(m.base.weight, m.lora_A, m.lora_B, m.scale))
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, m.base)
+    return model.requires_grad_(True) if wrapped else model
 
 
 @contextlib.contextmanager
