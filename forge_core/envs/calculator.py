@@ -32,22 +32,27 @@ def evaluate_arithmetic(expression: str) -> float | int:
 
     def value(node: ast.AST) -> float | int:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
+            return in_range(node.value)  # a literal such as 1e999 is already inf
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             v = value(node.operand)
-            return -v if isinstance(node.op, ast.USub) else v
+            return in_range(-v if isinstance(node.op, ast.USub) else v)
         if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
             left, right = value(node.left), value(node.right)
             try:
-                out = OPERATORS[type(node.op)](left, right)
+                return in_range(OPERATORS[type(node.op)](left, right))
             except ZeroDivisionError as exc:
                 raise ToolError("division by zero") from exc
-            if abs(out) > MAX_ABS:
-                raise ToolError(f"result exceeds {MAX_ABS:.0e}")
-            return out
         raise ToolError(f"only numbers, + - * / // % and parentheses are allowed in {expression!r}")
 
     return value(tree.body)
+
+
+def in_range(number: float | int) -> float | int:
+    """The number, or ToolError when it is not finite or its magnitude exceeds MAX_ABS (every constant and every
+    intermediate result passes here, so neither inf nor nan reaches the model)."""
+    if not abs(number) <= MAX_ABS:  # false for nan as well as inf (and no int-to-float overflow)
+        raise ToolError(f"a value exceeds {MAX_ABS:.0e} in magnitude (or is not finite)")
+    return number
 
 
 def calculate(expression: str) -> str:
@@ -59,16 +64,20 @@ def calculate(expression: str) -> str:
 class CalculatorEnvironment(ToolEnvironment):
     """A Problem's question; reward 1.0 when the final answer's number equals its target, else `digit_credit` ×
     the share of its digits in place (DigitMatchReward: a denser signal; accuracy counts exact answers only).
-    `allow_tools: false` takes the tool away (a call ends the episode as unknown_tool): the model answering alone."""
+    `allow_tools: false` takes the tool away (a call ends the episode as unknown_tool): the model answering alone,
+    shown neither the tool's schema nor `tool_prompt` (the call format, for templates that do not render tools)."""
 
     schemas = [tool_schema("calculate", "Evaluate an arithmetic expression", {"expression": "e.g. 47*38"})]
 
-    def __init__(self, system_prompt: str = "", allow_tools: bool = True, digit_credit: float = 0.0):
+    def __init__(self, system_prompt: str = "", allow_tools: bool = True, digit_credit: float = 0.0,
+                 tool_prompt: str = ""):
         if not 0.0 <= digit_credit < 1.0:
             raise ValueError(f"env.options.digit_credit must be in [0, 1) (partial credit below an exact answer's "
                              f"1.0), got {digit_credit}")
-        self.system_prompt, self.digit_credit = system_prompt, digit_credit
+        self.digit_credit = digit_credit
         self.tools = {"calculate": calculate} if allow_tools else {}
+        # the system message: system_prompt, then how to call the tool only while there is one to call
+        self.system_prompt = "\n".join(p for p in (system_prompt, tool_prompt if allow_tools else "") if p)
         self.digits = DigitMatchReward(("gsm8k", "last_number"))
 
     def opening(self, task, seed: int) -> list[Message]:

@@ -20,14 +20,19 @@ class ToolError(Exception):
 
 class ToolEnvironment:
     """Subclasses set `tools` (name -> callable taking the call's arguments, returning text) and `schemas`, and
-    write `opening(task, seed)` and `answer(text)`."""
+    write `opening(task, seed)` and `answer(text)`. Only the schemas of the tools in `tools` reach the model: an
+    environment that takes a tool away (calculator's `allow_tools: false`) no longer shows it."""
 
     tools: dict[str, Callable[..., str]] = {}
     schemas: list[dict] = []
 
     def reset(self, task: Any, seed: int) -> tuple[list[Message], list[dict]]:
         self.task, self.seed = task, seed
-        return self.opening(task, seed), list(self.schemas)
+        return self.opening(task, seed), self.offered_schemas()
+
+    def offered_schemas(self) -> list[dict]:
+        """The schemas of the tools this episode may call (a template that renders tools shows exactly these)."""
+        return [s for s in self.schemas if s["function"]["name"] in self.tools]
 
     def step(self, message: Message) -> StepResult:
         """Tool calls → their results (not done); no tool call → the answer, scored (done)."""

@@ -233,3 +233,51 @@ def test_digit_credit_rewards_near_misses_below_an_exact_answer():
     assert env.answer("#### 1786") == 1.0 and env.answer("#### 1776") == 0.375 and env.answer("no number") == 0.0
     with pytest.raises(ValueError, match="digit_credit must be in"):
         CalculatorEnvironment(digit_credit=1.0)
+
+
+# a template that renders tools, as Qwen's and Llama's do: a tool it is given is shown to the model
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t['function']['name'] }}: "
+                  "{{ t['function']['description'] }}\n{% endfor %}<|im_end|>\n{% endif %}") + TOK.chat_template
+
+
+def opening_prompt(env, template=TOOLS_TEMPLATE):
+    """The first prompt of an episode in `env`, rendered by the token layer with a tool-aware template."""
+    from forge_core.envs.episodes import start_episodes
+    from forge_core.envs.runner import LocalEnvs
+
+    tok = build_char_tokenizer()
+    tok.chat_template = template
+    local = LocalEnvs(EnvConfig(name="calculator"), make=lambda key: env)
+    (run,) = start_episodes([(PRODUCT, 7, 0)], local, ChatRenderer(tok))
+    local.finish([0])
+    return run
+
+
+def test_without_the_tool_no_schema_reaches_the_prompt():
+    with_tool, alone = opening_prompt(CalculatorEnvironment()), opening_prompt(CalculatorEnvironment(allow_tools=False))
+    assert [s["function"]["name"] for s in with_tool.tools] == ["calculate"] and "calculate" in with_tool.text
+    assert alone.tools == [] and "calculate" not in alone.text and "Tools" not in alone.text
+    assert alone.text.endswith("<|im_start|>user\nWhat is 47*38?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_the_tool_prompt_is_shown_only_with_the_tool():
+    howto = f"To use the calculator write {CALL}"
+    with_tool = opening_prompt(CalculatorEnvironment(system_prompt="Be brief.", tool_prompt=howto))
+    alone = opening_prompt(CalculatorEnvironment(system_prompt="Be brief.", tool_prompt=howto, allow_tools=False))
+    assert with_tool.messages[0] == {"role": "system", "content": f"Be brief.\n{howto}"}
+    assert alone.messages[0] == {"role": "system", "content": "Be brief."}
+    assert "<tool_call>" not in alone.text and "calculate" not in alone.text
+
+
+@pytest.mark.parametrize("expression", ["1e999", "1e999-1e999", "-1e999", "-(1e12*10)", "1e13", "2*(0-1e999)"])
+def test_the_calculator_refuses_values_out_of_range_rather_than_answer_inf_or_nan(expression):
+    with pytest.raises(ToolError, match="exceeds"):
+        calculate(expression)
+
+
+def test_an_out_of_range_value_goes_back_to_the_model_as_an_error():
+    env = CalculatorEnvironment()
+    env.reset(PRODUCT, seed=0)
+    result = env.step({"role": "assistant", "content": format_tool_call("calculate", expression="1e999-1e999")})
+    assert not result.done and result.info["tool_errors"] == 1
+    assert result.messages[0]["content"].startswith("error: ") and "nan" not in result.messages[0]["content"]
