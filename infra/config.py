@@ -26,6 +26,7 @@ from forge_core.losses import implied_advantage
 from forge_core.recipes.config import EvalConfig, GRPOConfig
 from forge_core.training.config import SFTConfig, TrainerConfig
 from forge_core.training.correction import LEVELS, MODES, RolloutCorrection
+from infra.hosts import refuse_host_overrides, refuse_untrusted_hosts
 from infra.plugins import refuse_plugin_overrides
 
 
@@ -176,6 +177,9 @@ class RunConfig(GRPOConfig):
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes in an environment (forge_core/envs)
     # import paths ('module.path:Name') that loss.name / rewards[].name may use: set only in a file (infra/plugins.py)
     plugins: list[str] = field(default_factory=list)
+    # hosts ('host:port', or 'host': any port) that overrides may point env options at (env.options.url): set only
+    # in a file (infra/hosts.py)
+    trusted_hosts: list[str] = field(default_factory=list)
 
 
 CHOICES = {
@@ -332,10 +336,14 @@ def read_config(path: str | Path | None = None, overrides: dict[str, Any] | list
             raise ValueError(f"{where}: invalid YAML: {exc}") from exc
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
+    file_data, file = data, (where if path is not None else None)
     if overrides:
         refuse_plugin_overrides(overrides, where)
+        refuse_host_overrides(overrides, where)
         data = apply_overrides(data, overrides)
         where += " + overrides"
+    if isinstance(data, dict):  # (a file that is not a mapping is refused by from_dict)
+        refuse_untrusted_hosts(file_data, data, where, file)
     return from_dict(RunConfig, imply_paired_names(data), where)
 
 

@@ -6,6 +6,10 @@ WebSocket) played as a forgeflow environment. `pip install --no-deps openenv-cor
 The assistant's message becomes the action `{action_field: text}`; the observation's `observation_field` (the whole
 observation as JSON when empty) becomes the next user message; OpenEnv's reward and done are the step's. Each
 episode holds its own session (one WebSocket) with the server, opened at reset and closed with the episode.
+
+The env workers connect to `url` and train on what comes back, so the config loader (infra/hosts.py) accepts a url
+from an override or a flow/deployment parameter only when the config file lists its host under `trusted_hosts:`
+(a url written in the file itself is trusted).
 """
 
 from __future__ import annotations
