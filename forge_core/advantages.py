@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -79,26 +80,50 @@ def group_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> list[
     return out
 
 
-def turn_advantages(groups: list[Group], name: str = "grpo", **kwargs) -> list[list[float] | None]:
-    """Per-token advantages [T] of every episode of `groups` (in order) whose metadata has `turn_returns`
-    (env.credit: turn), else None. The tokens the model generated in turn t get the estimator's advantage of the
-    episode's return from turn t on, among the group's episodes that reached turn t; inserted tokens get 0. Turn 0's
-    advantage is the episode's `group_advantages` one."""
-    values, buckets, keys, index = [], [], [], {}
-    heads = []  # per episode: its head's (group, position) — a continuation shares its head's turns
+def episode_heads(groups: list[Group]) -> list[tuple[int, int]]:
+    """(group, position) of the episode every sample of `groups` belongs to, in order (a continuation: its head's)."""
+    heads: list[tuple[int, int]] = []
     for g_i, g in enumerate(groups):
         for e_i, e in enumerate(g.episodes):
-            head = heads[-1] if e.continues else (g_i, e_i)
-            heads.append(head)
-            if e.continues:
-                continue
-            for t, value in enumerate(e.completion.metadata.get("turn_returns", [])):
-                values.append(value)
-                buckets.append(index.setdefault((g_i, t), len(index)))
-                keys.append((g_i, e_i, t))
-    adv = compute_advantages(name, torch.tensor(values, dtype=torch.float64), torch.tensor(buckets, dtype=torch.long),
-                             **kwargs).tolist() if values else []
-    by_turn = dict(zip(keys, adv, strict=True))
+            heads.append(heads[-1] if e.continues else (g_i, e_i))
+    return heads
+
+
+def turn_returns(groups: list[Group]) -> dict[tuple[int, int, int], float]:
+    """The return from turn t on of every episode credited per turn, keyed (group, position, t)."""
+    return {(g_i, e_i, t): value for g_i, g in enumerate(groups) for e_i, e in enumerate(g.episodes)
+            if not e.continues for t, value in enumerate(e.completion.metadata.get("turn_returns", []))}
+
+
+def advantages_by_turn(groups: list[Group], name: str, episode_advantage: dict[tuple[int, int], float],
+                       **kwargs) -> dict[tuple[int, int, int], float]:
+    """Each turn's advantage, keyed (group, position, t): the estimator's, over the returns of the group's episodes
+    that reached turn t; a turn no other episode of its group reached takes its episode's advantage (no peer to
+    compare it with: the decisive last turn of the longest episode still learns from how the episode went)."""
+    returns = turn_returns(groups)
+    buckets: dict[tuple[int, int], int] = {}
+    ids = [buckets.setdefault((g_i, t), len(buckets)) for g_i, _, t in returns]
+    if not ids:
+        return {}
+    adv = compute_advantages(name, torch.tensor(list(returns.values()), dtype=torch.float64),
+                             torch.tensor(ids, dtype=torch.long), **kwargs).tolist()
+    # GiGPO's rule for a step group of one (Feng et al. 2025, arXiv:2505.10978; verl-agent gigpo/core_gigpo.py:
+    # A = A_episode + w * A_step, and a lone step's A_step is 0): the turn keeps its episode-level advantage
+    peers = Counter(ids)
+    return {key: a if peers[b] > 1 else episode_advantage[key[:2]]
+            for key, a, b in zip(returns, adv, ids, strict=True)}
+
+
+def turn_advantages(groups: list[Group], name: str = "grpo", episode_advantages: list[float] | None = None,
+                    **kwargs) -> list[list[float] | None]:
+    """Per-token advantages [T] of every episode of `groups` (in order) whose metadata has `turn_returns`
+    (env.credit: turn), else None. The tokens the model generated in turn t get that turn's advantage
+    (advantages_by_turn); inserted tokens get 0. Turn 0's advantage is the episode's `group_advantages` one
+    (`episode_advantages`: those, when already computed)."""
+    heads = episode_heads(groups)
+    if episode_advantages is None:
+        episode_advantages = group_advantages(groups, name, **kwargs)
+    by_turn = advantages_by_turn(groups, name, dict(zip(heads, episode_advantages, strict=True)), **kwargs)
     out: list[list[float] | None] = []
     for e, (g_i, e_i) in zip((e for g in groups for e in g.episodes), heads, strict=True):
         meta = e.completion.metadata
@@ -120,19 +145,31 @@ def assign_group_advantages(groups: list[Group], name: str = "grpo", **kwargs) -
     """Compute advantages for every episode of `groups` in place (and per-token ones where rewards are credited
     per turn)."""
     adv = group_advantages(groups, name, **kwargs)
-    tokens = turn_advantages(groups, name, **kwargs)
+    tokens = turn_advantages(groups, name, adv, **kwargs)
     for episode, a, t in zip((e for g in groups for e in g.episodes), adv, tokens, strict=True):
         episode.advantage, episode.token_advantages = a, t
 
 
+def trained_signals(group: Group) -> list[list[float]]:
+    """The values the group's advantages compare: its episodes' rewards and, for episodes credited per turn
+    (env.credit: turn), each turn's returns among the episodes that reached it."""
+    per_turn: dict[int, list[float]] = {}
+    for e in group.episodes:
+        if not e.continues:
+            for t, value in enumerate(e.completion.metadata.get("turn_returns", [])):
+                per_turn.setdefault(t, []).append(value)
+    return [group.rewards, *per_turn.values()]
+
+
 def is_informative(group: Group, tol: float = 1e-9) -> bool:
-    """True when the group's rewards are not all equal (so its advantages are not all 0)."""
-    rewards = group.rewards
-    return len(rewards) > 1 and max(rewards) - min(rewards) > tol
+    """True when some advantage of the group can be nonzero: its rewards differ, or (credited per turn) the returns
+    of some turn differ among the episodes that reached it (equal totals can hide turns that did better)."""
+    return any(len(v) > 1 and max(v) - min(v) > tol for v in trained_signals(group))
 
 
 def filter_informative_groups(groups: list[Group]) -> tuple[list[Group], int]:
-    """DAPO dynamic sampling: drop groups whose rewards are all equal; returns (kept, number dropped)."""
+    """DAPO dynamic sampling: drop the groups whose advantages would all be 0 (is_informative); returns (kept,
+    number dropped)."""
     kept = [g for g in groups if is_informative(g)]
     return kept, len(groups) - len(kept)
 

@@ -241,10 +241,30 @@ def check_components(cfg: RunConfig, where: str) -> None:
         C.build_reward(cfg)
         if cfg.env.enabled:
             check_environment(cfg.env)
+            check_env_fits_run(cfg)
         if cfg.advantage.name not in ADVANTAGES:
             raise ValueError(f"unknown advantage.name {cfg.advantage.name!r}; choose one of {sorted(ADVANTAGES)}")
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
+
+
+def check_env_fits_run(cfg: RunConfig) -> None:
+    """With env.name set the environment rewards the episodes, so a `rewards:` section would be ignored; and
+    env.credit: turn gives each turn's tokens their own advantage, which a sequence-level loss (a loss class with
+    `sequence_level = True`, as GSPO) would average away."""
+    from forge_core.losses import resolve_loss
+
+    # the default (math) is what a config without `rewards:` holds, and what a saved run's config.yaml repeats
+    # (resume loads it again); anything else was written to be used
+    if cfg.rewards != RunConfig().rewards:
+        names = [r.name for r in cfg.rewards]
+        raise ValueError(f"rewards: {names} would be ignored: with env.name {cfg.env.name!r} the environment "
+                         "rewards its episodes itself (StepResult.reward and final_reward). Remove rewards: from "
+                         "the config, or leave env.name empty to score single-turn completions with it")
+    if cfg.env.credit == "turn" and getattr(resolve_loss(cfg.loss.name), "sequence_level", False):
+        raise ValueError(f"env.credit: turn gives each turn's tokens their own advantage, and loss.name "
+                         f"{cfg.loss.name!r} is sequence-level (one advantage per sequence): use a token-level "
+                         "loss (e.g. loss.name: gspo_token) or env.credit: episode")
 
 
 def check_environment(env) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from forge_core.losses.base import (
@@ -22,13 +24,25 @@ def sequence_log_ratio(logprobs, old_logprobs, mask) -> tuple[torch.Tensor, torc
 
 
 def sequence_advantages(advantages, logprobs, mask) -> torch.Tensor:
-    """One advantage per sequence [B]: a [B, T] input is averaged over real tokens."""
+    """One advantage per sequence [B] from [B], [B, 1] or [B, T] advantages; ValueError when a [B, T] row varies
+    over its real tokens (per-turn credit, which one ratio per sequence cannot carry: averaging it would drop it)."""
     adv = broadcast_advantages(advantages, logprobs)
+    if advantages.dim() == 2 and advantages.shape[-1] > 1:
+        high = torch.where(mask, adv, float("-inf")).amax(-1)
+        low = torch.where(mask, adv, float("inf")).amin(-1)
+        if bool(((high - low) > 0).any()):
+            raise ValueError("GSPO weighs a whole sequence by one importance ratio and one advantage, and got "
+                             "per-token advantages that vary within a sequence (env.credit: turn): use loss.name "
+                             "gspo_token (per-token advantages) or env.credit: episode")
     return masked_sum(adv, mask, dim=-1) / mask.sum(-1).clamp(min=1)
 
 
 class GSPOLoss(PolicyLoss):
     """Per sequence max(-A·s, -A·clip(s, 1-clip_low, 1+clip_high)), s = exp(mean token log-ratio); seq mean."""
+
+    # one advantage per sequence: per-token advantages (env.credit: turn) are refused at config load
+    # (infra/config_checks.py reads this with getattr(loss_class, "sequence_level", False))
+    sequence_level: ClassVar[bool] = True
 
     def __init__(self, clip_low: float = 3e-4, clip_high: float = 4e-4, beta: float = 0.0,
                  kl_estimator: str = "k3", kl_gradient: str = "standard") -> None:
@@ -64,6 +78,8 @@ class GSPOLoss(PolicyLoss):
 
 class GSPOTokenLoss(GSPOLoss):
     """GSPO-token: s_i,t = sg(s_i)·exp(lp - sg(lp)); same value as GSPO, gradient per token; seq-mean-token-mean."""
+
+    sequence_level: ClassVar[bool] = False  # each token's term takes its own advantage (GSPO paper, GSPO-token)
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
                 num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:

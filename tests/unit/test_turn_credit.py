@@ -5,13 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forge_core.advantages import assign_group_advantages, grpo_advantages
-from forge_core.envs import EnvConfig, GuessEnvironment
+from forge_core.advantages import (
+    assign_group_advantages,
+    filter_informative_groups,
+    grpo_advantages,
+    is_informative,
+)
+from forge_core.envs import CalculatorEnvironment, EnvConfig, GuessEnvironment
 from forge_core.envs.episodes import returns_to_go
 from forge_core.losses import LOSSES, complete_hyperparameters, get_loss
 from forge_core.losses.checks import constructor_signature
+from forge_core.recipes.steps import compute_advantages
 from forge_core.training.batching import episodes_to_train_inputs
-from forge_core.types import Group
+from forge_core.types import Completion, Episode, Group
+from infra.config_checks import load_config
 from tests.unit.test_envs import PRODUCT, play
 
 COST = 0.1
@@ -47,7 +54,8 @@ def test_turn_credit_gives_each_turns_tokens_the_advantage_of_its_return_against
     returns = [e.completion.metadata["turn_returns"] for e in episodes]
     assert returns == [pytest.approx([1 - COST, 1.0]), pytest.approx([1 - 2 * COST, 1 - COST, 1.0]), [1.0]]
     turn0, turn1 = grpo([r[0] for r in returns]), grpo([returns[0][1], returns[1][1]])
-    expected = {(0, 0): turn0[0], (0, 1): turn1[0], (1, 0): turn0[1], (1, 1): turn1[1], (1, 2): 0.0,
+    # turn 2 only episode 1 reached: no peer to compare it with, so it takes its episode's advantage
+    expected = {(0, 0): turn0[0], (0, 1): turn1[0], (1, 0): turn0[1], (1, 1): turn1[1], (1, 2): turn0[1],
                 (2, 0): turn0[2]}
     for i, e in enumerate(episodes):
         mask, starts = e.completion.loss_mask, e.completion.metadata["turn_starts"] + [len(e.completion.token_ids)]
@@ -58,7 +66,80 @@ def test_turn_credit_gives_each_turns_tokens_the_advantage_of_its_return_against
                 assert e.token_advantages[j] == pytest.approx(want), (i, k, j)
         assert e.advantage == pytest.approx(turn0[i])  # turn 0's return is the episode's: the scalar view agrees
     # the later turn of episode 0 did better than episode 1's at the same turn: the credit differs by turn
-    assert expected[(0, 1)] > 0 > expected[(1, 1)] and expected[(1, 2)] == 0.0
+    assert expected[(0, 1)] > 0 > expected[(1, 1)]
+    # the decisive turn of the longest episode trains, with its episode's sign (the slowest find: below the group)
+    assert expected[(1, 2)] == turn0[1] < 0
+
+
+def test_a_winning_turn_no_other_episode_reached_gets_its_episodes_positive_advantage():
+    """The calculator case: one episode calls the tool and then answers right (2 turns), the others answer wrong at
+    once (1 turn). The answer after the tool result is the decisive turn, and only that episode reached it."""
+    from tests.unit.test_envs import CALL
+
+    config = EnvConfig(name="calculator", max_turns=3, max_tokens=400, credit="turn")
+    scripts = {0: [CALL, "#### 1786"], 1: ["#### 1785"], 2: ["#### 12"]}
+    runs, _, episodes = play([CalculatorEnvironment() for _ in range(3)], scripts, config)
+    assert [r.turns for r in runs] == [2, 1, 1] and [e.reward for e in episodes] == [1.0, 0.0, 0.0]
+    assign_group_advantages([Group(episodes[0].prompt, PRODUCT.target, episodes)], "grpo")
+    winner = episodes[0]
+    answer = winner.completion.metadata["turn_starts"][1]  # the first token of the answer turn
+    assert winner.advantage > 0
+    assert winner.token_advantages[answer] == pytest.approx(winner.advantage)
+    assert all(a == pytest.approx(winner.advantage) for a, m in zip(winner.token_advantages,
+                                                                    winner.completion.loss_mask, strict=True) if m)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_no_turn_is_zeroed_for_having_no_peer(name):
+    """Whatever the estimator, a turn only one episode reached gets that episode's advantage, never 0."""
+    groups = [Group("p", "t", [turn_episode([0.0, 0.0, 1.0]), turn_episode([0.5]), turn_episode([0.2, 0.1])])]
+    assign_group_advantages(groups, name)
+    first, second, _ = groups[0].episodes
+    assert first.advantage != 0.0 and first.token_advantages[2] == pytest.approx(first.advantage)
+    assert second.token_advantages == [pytest.approx(second.advantage)]
+
+
+def turn_episode(returns: list[float]) -> Episode:
+    """An episode credited per turn with one generated token per turn and the given returns-to-go."""
+    meta = {"turn_returns": returns, "first_turn": 0, "turn_starts": list(range(len(returns)))}
+    completion = Completion("x", [5] * len(returns), [-0.1] * len(returns), metadata=meta, loss_mask=[1] * len(returns))
+    return Episode("p", "t", [1], completion, reward=returns[0])
+
+
+def test_dynamic_sampling_keeps_a_group_whose_totals_tie_but_whose_turns_differ():
+    """Both episodes return 1.0 in total, but one earned it at its second turn and the other at its first: the
+    per-turn advantages they train on are not 0, so filter_groups must keep the group (DAPO drops only groups whose
+    advantages are all 0)."""
+    tied = Group("p", "t", [turn_episode([1.0, 0.5]), turn_episode([1.0, 1.2])])
+    flat = Group("p", "t", [turn_episode([1.0, 1.0]), turn_episode([1.0, 1.0])])
+    assert is_informative(tied) and not is_informative(flat)
+    kept, dropped = filter_informative_groups([tied, flat])
+    assert kept == [tied] and dropped == 1
+    episodes, metrics = compute_advantages([tied, flat], "grpo", drop_uninformative=True)
+    assert metrics["rollout/dropped_groups"] == 1.0 and len(episodes) == 2
+    assert episodes[0].token_advantages[1] < 0 < episodes[1].token_advantages[1]
+
+
+def test_gspo_with_turn_credit_is_refused_at_config_load_with_the_fix():
+    calc = "configs/grpo_calculator_tool.yaml"
+    with pytest.raises(ValueError, match=r"env.credit: turn .* loss.name 'gspo' is sequence-level.*"
+                                         r"loss.name: gspo_token\) or env.credit: episode"):
+        load_config(calc, {"env.credit": "turn", "loss.name": "gspo"})
+    assert load_config(calc, {"env.credit": "turn", "loss.name": "gspo_token"}).loss.name == "gspo_token"
+    assert load_config(calc, {"env.credit": "episode", "loss.name": "gspo"}).loss.name == "gspo"
+
+
+def test_gspo_refuses_per_token_advantages_that_vary_within_a_sequence():
+    logprobs, mask = -torch.rand(2, 6), torch.ones(2, 6, dtype=torch.bool)
+    constant = torch.tensor([[0.5] * 6, [-1.0] * 6])
+    torch.testing.assert_close(get_loss("gspo")(logprobs, None, constant, mask, old_logprobs=logprobs - 0.01),
+                               get_loss("gspo")(logprobs, None, constant[:, 0], mask, old_logprobs=logprobs - 0.01))
+    varied = constant.clone()
+    varied[0, 4:] = 2.0
+    with pytest.raises(ValueError, match="use loss.name gspo_token .* or env.credit: episode"):
+        get_loss("gspo")(logprobs, None, varied, mask, old_logprobs=logprobs - 0.01)
+    mask[0, 4:] = False  # the differing tokens are not trained on (inserted tokens): one advantage per sequence
+    get_loss("gspo")(logprobs, None, varied, mask, old_logprobs=logprobs - 0.01)
 
 
 def test_turn_credit_reaches_the_trainer_as_per_token_advantages():
@@ -83,8 +164,8 @@ def test_an_unknown_credit_is_refused_with_the_choices():
         EnvConfig(name="guess", credit="token").check()
 
 
-@pytest.mark.parametrize("name", sorted(n for n in LOSSES if n != "sft"))
-def test_every_loss_takes_per_token_advantages_and_a_constant_row_equals_its_scalar(name):
+@pytest.mark.parametrize("name", sorted(n for n in LOSSES if n != "sft" and not getattr(LOSSES[n], "sequence_level", False)))
+def test_every_token_level_loss_takes_per_token_advantages_and_a_constant_row_equals_its_scalar(name):
     g = torch.Generator().manual_seed(1)
     shape = (3, 10)
     logprobs = -torch.rand(shape, generator=g) * 2
