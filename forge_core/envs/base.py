@@ -7,6 +7,11 @@
 Messages are chat dicts ({"role", "content"}); tool results come back as {"role": "tool", "name", "content"}. The
 token layer (forge_core/envs/episodes.py) owns the tokens: it renders the messages, generates the assistant turns
 and records which tokens the model generated.
+
+The environment's verdict: the StepResult that ends an episode (done=True) should say whether the task was solved,
+`info["solved"]` (a bool): held-out accuracy and env/solved count it. Without one, an episode counts as solved when
+its outcome (the reward of its last turn plus final_reward()) is >= 1.0: shaping rewards of earlier turns (a cost
+per miss, a bonus per tool call) do not count.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ Message = dict[str, Any]
 # how an episode ended (env/status_* metrics); every episode ends with exactly one
 CREDITS = ("episode", "turn")  # env.credit: where per-turn rewards are credited
 STATUSES = ("completed", "truncated_turns", "truncated_length", "parse_error", "unknown_tool", "timeout", "error")
+# the statuses of an episode cut short by env.max_turns or env.max_tokens (stop reason "length"); the others but
+# `completed` are errors: the model's (parse_error, unknown_tool) or the environment's (timeout, error)
+TRUNCATIONS = ("truncated_turns", "truncated_length")
 
 
 @dataclass
@@ -28,7 +36,8 @@ class StepResult:
     messages: list[Message] = field(default_factory=list)  # added to the conversation (tool results, feedback)
     reward: float | None = None  # this turn's reward, if the environment gives one
     done: bool = False
-    info: dict[str, Any] = field(default_factory=dict)  # "status": one of STATUSES when done early; "tool_calls": n
+    # "status": one of STATUSES when done early; "solved": the verdict, with done=True; "tool_calls": n
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable

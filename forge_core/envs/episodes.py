@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from forge_core.envs.base import STATUSES, EnvConfig, Message, StepResult
+from forge_core.envs.base import STATUSES, TRUNCATIONS, EnvConfig, Message, StepResult
 from forge_core.envs.runner import LocalEnvs
 from forge_core.generation.sampling import SamplingParams
 from forge_core.types import Completion, Episode, Group
@@ -90,6 +90,7 @@ class EpisodeRun:
     tool_calls: int = 0
     tool_errors: int = 0
     reward: float = 0.0
+    solved: bool | None = None  # the environment's verdict (StepResult.info["solved"]), None until it gives one
     turn_rewards: list[float] = field(default_factory=list)  # per turn (a turn the environment did not answer: 0)
     turn_versions: list[int] = field(default_factory=list)
     conversation: list[dict] = field(default_factory=list)  # messages with `generated` marks, for samples views
@@ -146,6 +147,8 @@ def apply_result(run: EpisodeRun, result: StepResult, generated: list[int], rend
     run.turn_rewards[-1] += reward
     run.tool_calls += int(result.info.get("tool_calls", 0))
     run.tool_errors += int(result.info.get("tool_errors", 0))
+    if "solved" in result.info:
+        run.solved = bool(result.info["solved"])
     if result.done:
         status = result.info.get("status", "completed")
         run.status = status if status in STATUSES else "completed"
@@ -187,24 +190,42 @@ def returns_to_go(turn_rewards: list[float], turns: int, final_reward: float) ->
     return out[::-1]
 
 
+def is_solved(run: EpisodeRun, final_reward: float) -> bool:
+    """The environment's verdict on the episode, or without one whether its outcome (the reward of its last turn
+    plus the final reward) is >= 1.0 (forge_core/envs/base.py)."""
+    if run.solved is not None:
+        return run.solved
+    answered = run.turns > 0 and len(run.turn_rewards) >= run.turns  # a turn cut by max_tokens got no answer
+    return (run.turn_rewards[run.turns - 1] if answered else 0.0) + final_reward >= 1.0
+
+
+def episode_stop_reason(status: str) -> str:
+    """Completion.stop_reason of an episode that ended with `status`: "eos" (completed), "length" (cut by
+    env.max_turns or env.max_tokens), else the status itself (an error ended it)."""
+    if status == "completed":
+        return "eos"
+    return "length" if status in TRUNCATIONS else status
+
+
 def finish_episode(run: EpisodeRun, target: str, final_reward: float, credit: str = "episode") -> list[Episode]:
     """The episode's training samples (the first carries the episode; later ones have `continues`). credit="turn":
     each sample's metadata carries the episode's `turn_returns`, its `first_turn` and `turn_starts`, for per-turn
     advantages."""
+    solved = is_solved(run, final_reward)
     run.reward += final_reward
     turn_returns = returns_to_go(run.turn_rewards, run.turns, final_reward)
     episodes = []
     first = next((i for i, m in enumerate(run.conversation) if m["generated"]), len(run.conversation))
     text = transcript(run.conversation[first:])  # after the opening messages, which the prompt shows
     for i, s in enumerate(run.samples):
-        meta = {"status": run.status, "turns": run.turns, "tool_calls": run.tool_calls,
+        meta = {"status": run.status, "solved": solved, "turns": run.turns, "tool_calls": run.tool_calls,
                 "tool_errors": run.tool_errors, "turn_versions": list(run.turn_versions),
                 "samples": len(run.samples), "conversation": run.conversation if i == 0 else []}
         if credit == "turn":
             meta.update(turn_returns=turn_returns, first_turn=s.first_turn, turn_starts=list(s.turn_starts))
         completion = Completion(text=text if i == 0 else "", token_ids=s.ids, logprobs=s.logprobs, metadata=meta,
                                 policy_version=min(run.turn_versions, default=0),
-                                stop_reason="eos" if run.status == "completed" else "length", loss_mask=s.mask)
+                                stop_reason=episode_stop_reason(run.status), loss_mask=s.mask)
         episodes.append(Episode(s.prompt_text, target, s.prompt_ids, completion, reward=run.reward, continues=i > 0))
     return episodes
 
@@ -283,14 +304,15 @@ def sample_env_groups(generator, problems: Sequence[Any], group_size: int, seed:
 
 
 def env_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """env/turns_mean, env/tool_calls_mean, env/tool_errors, env/prefix_breaks and env/status_<s> (fractions) over
-    the episodes (continuation samples counted once, as their episode)."""
+    """env/solved, env/turns_mean, env/tool_calls_mean, env/tool_errors, env/prefix_breaks and env/status_<s>
+    (fractions) over the episodes (continuation samples counted once, as their episode)."""
     heads = [e for e in episodes if not e.continues and "status" in e.completion.metadata]
     if not heads:
         return {}
     n = len(heads)
     meta = [e.completion.metadata for e in heads]
-    out = {"env/turns_mean": sum(m["turns"] for m in meta) / n,
+    out = {"env/solved": sum(bool(m["solved"]) for m in meta) / n,
+           "env/turns_mean": sum(m["turns"] for m in meta) / n,
            "env/tool_calls_mean": sum(m["tool_calls"] for m in meta) / n,
            "env/tool_errors": float(sum(m["tool_errors"] for m in meta)),
            "env/prefix_breaks": float(sum(m["samples"] - 1 for m in meta))}

@@ -184,10 +184,14 @@ def rollout_metrics(groups: list[Group], step: int, seconds: float) -> dict[str,
         return {"rollout/num_episodes": 0.0, "rollout/tokens_per_s": 0.0, "timing/rollout": seconds}
     lengths = [len(c.token_ids) for c in comps]
     ages = [step - c.policy_version for c in comps]
+    ends = [e.completion.stop_reason for g in groups for e in g.episodes if not e.continues]  # one per episode
     metrics = {
         "rollout/response_len_mean": statistics.fmean(lengths),
         "rollout/response_len_max": float(max(lengths)),
-        "rollout/truncation_rate": sum(c.stop_reason == "length" for c in comps) / len(comps),
+        # cut by a token or turn limit; an episode an error ended (a parse error, an unknown tool, an environment
+        # that crashed or hung: env/status_* tell which) is counted in rollout/error_rate instead
+        "rollout/truncation_rate": ends.count("length") / len(ends),
+        "rollout/error_rate": sum(r not in ("eos", "length") for r in ends) / len(ends),
         "rollout/num_episodes": float(len(comps)),
         "rollout/tokens_per_s": sum(lengths) / max(seconds, 1e-9),
         "timing/rollout": seconds,
@@ -213,9 +217,9 @@ def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Se
              prompt_keys: Sequence[int] | None = None, env: EnvConfig | None = None, envs=None) -> dict[str, float]:
     """Held-out greedy accuracy (judge = MathReward: 1.0 means correct); with samples > 0 also the mean
     sampled accuracy at `temperature`, a smoother signal than the greedy one, and pass@samples (prompt i seeded
-    with seed + prompt_keys[i], default i). With an `env`: episodes in it, correct when their reward is >= 1, and
-    the greedy episodes' env/* figures as eval/turns_mean and eval/tool_calls_mean (`envs`: where the environments
-    run, default this process)."""
+    with seed + prompt_keys[i], default i). With an `env`: episodes in it, correct when the environment says they
+    are solved (forge_core/envs/base.py), and the greedy episodes' env/* figures as eval/turns_mean and
+    eval/tool_calls_mean (`envs`: where the environments run, default this process)."""
     judge = judge or MathReward()
     start = time.perf_counter()
     keys = None if prompt_keys is None else list(prompt_keys)
@@ -228,7 +232,7 @@ def evaluate(generator: TorchGenerator, problems: Sequence[Problem], prompts: Se
                 played = env_metrics([e for g in groups for e in g.episodes])
                 metrics.update({"eval/turns_mean": played["env/turns_mean"],
                                 "eval/tool_calls_mean": played["env/tool_calls_mean"]})
-            return [[e.reward >= 1.0 for e in g.episodes if not e.continues] for g in groups]
+            return [[bool(e.completion.metadata["solved"]) for e in g.episodes if not e.continues] for g in groups]
         outs = generator.generate(list(prompts), n=n, seed=seed, params=params, prompt_keys=keys)
         return [[judge(p, c.text, prob.solution) >= 1.0 for c in o] for p, o, prob in zip(prompts, outs, problems,
                                                                                           strict=True)]
