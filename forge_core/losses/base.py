@@ -7,8 +7,10 @@ from torch import nn
 
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-# standard: the estimator's own gradient (GRPO/DeepSeekMath, TRL, verl); unbiased: the estimator × π/sg(π_sampler),
-# whose gradient is the score-function-corrected one, unbiased for the reverse KL with k1 and k3 (Tang & Munos 2025)
+# standard: the estimator's own gradient (GRPO/DeepSeekMath, TRL, verl); unbiased: the estimator × π_θ/sg(μ), μ the
+# behaviour (sampling) policy. With k1 or k3 its expectation over sequences sampled from μ is the gradient of the sum of
+# per-position reverse KLs at μ's prefixes, Σ_t E_μ[∇ KL(π_θ(·|y<t) || π_ref(·|y<t))], not the sequence-level KL's
+# gradient (which adds the future terms); see PolicyLoss.add_kl
 KL_GRADIENTS = ("standard", "unbiased")
 
 
@@ -148,9 +150,10 @@ class PolicyLoss(nn.Module):
     def add_kl(self, per_token, logprobs, ref_logprobs, mask, beta: float, estimator: str,
                sampler_logprobs: torch.Tensor | None = None) -> torch.Tensor:
         """Add beta * KL(ref) to the per-token loss [B, T] and record `kl_mean`; ref may be None only when beta == 0.
-        With self.kl_gradient "unbiased" each token's KL is × π/sg(π_sampler) (value unchanged on-policy): the
-        estimate's gradient then includes the score term that sampling from π needs, ∇log π · k. `sampler_logprobs`:
-        the policy the tokens were drawn from ([B, T]; None: the current one, detached)."""
+        kl_gradient "unbiased": each token's k is × w = π_θ/sg(μ), μ = `sampler_logprobs` [B, T], the behaviour policy
+        that sampled the tokens (None: the current one, w = 1 in value). With k1 or k3 and y ~ μ,
+        E[∇ Σ_t w_t k_t] = Σ_t E_{y<t ~ μ}[∇_θ KL(π_θ(·|x, y<t) || π_ref(·|x, y<t))]: per-position reverse KLs at μ's
+        prefixes, not ∇ KL(π_θ(·|x) || π_ref(·|x)) of whole sequences (that adds E_π[Σ_t ∇log π_t · Σ_{s>t} k_s])."""
         if ref_logprobs is None:
             if beta != 0.0:
                 raise ValueError(
@@ -161,8 +164,23 @@ class PolicyLoss(nn.Module):
         n = mask.sum().clamp(min=1)
         self.metrics["kl_mean"] = masked_sum(kl.detach(), mask) / n
         if getattr(self, "kl_gradient", "standard") == "unbiased":
+            # Given the prefix s_t, E_{a~μ}[∇(π_θ(a)/μ(a) · k(a))] = ∇_θ Σ_a π_θ(a|s_t) k(a, s_t), and for k1 and k3
+            # Σ_a π_θ k = KL(π_θ(·|s_t) || π_ref(·|s_t)) (k2: not the KL, so biased). The prefix distribution is μ's and
+            # gets no gradient: the future terms of the sequence KL are left out. Exact when a token's coefficient in
+            # the aggregation does not depend on the sampled tokens (seq-mean-token-sum-norm); the length means
+            # (1/|y|, 1/num_tokens) do depend on them, so there it is not exact. The weight is untruncated: the KL's whole
+            # correction (a TIS/MIS weight is for the policy-gradient term); tokens MIS/rejection drop leave it too.
+            # Tang & Munos 2025 (arXiv:2506.09477); NeMo-RL's use_on_policy_kl_approximation weighs by
+            # π_θ/π_generation (NVIDIA/reinforcer#174, cited in NVIDIA-NeMo/RL#196; with its gradient since
+            # NVIDIA-NeMo/RL#2506)
             kl = kl * torch.exp(log_ratio(logprobs, sampler_logprobs, mask))
         return per_token + beta * kl if beta != 0.0 else per_token
+
+
+def sampling_logprobs(old_logprobs: torch.Tensor | None, behaviour_logprobs: torch.Tensor | None):
+    """The logprobs [B, T] of the policy that sampled the tokens, for the unbiased KL's weight: the behaviour ones
+    when the trainer passes them (a recomputed proximal policy is not the sampler), else old_logprobs."""
+    return behaviour_logprobs if behaviour_logprobs is not None else old_logprobs
 
 
 def check_shapes(logprobs: torch.Tensor, mask: torch.Tensor, **others: torch.Tensor | None) -> torch.Tensor:

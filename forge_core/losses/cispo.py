@@ -11,6 +11,7 @@ from forge_core.losses.base import (
     log_ratio,
     masked_fraction,
     ratio_metrics,
+    sampling_logprobs,
 )
 
 
@@ -26,9 +27,10 @@ class CISPOLoss(PolicyLoss):
         self.kl_gradient = kl_gradient
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None, behaviour_logprobs=None) -> torch.Tensor:
         """Scalar loss from [B, T] inputs and advantages [B]|[B, 1]|[B, T]."""
-        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
+        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs,
+                            behaviour_logprobs=behaviour_logprobs)
         adv = broadcast_advantages(advantages, logprobs)
         ratio = torch.exp(log_ratio(logprobs, old_logprobs, mask)).detach()
         low = None if self.clip_low is None else 1.0 - self.clip_low
@@ -42,5 +44,5 @@ class CISPOLoss(PolicyLoss):
         }
         per_token = self.weigh(per_token, token_weights)
         per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator,
-                                old_logprobs)
+                                sampling_logprobs(old_logprobs, behaviour_logprobs))
         return self.reduce(per_token, mask, num_tokens, num_seqs)

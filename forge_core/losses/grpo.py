@@ -11,6 +11,7 @@ from forge_core.losses.base import (
     log_ratio,
     masked_fraction,
     ratio_metrics,
+    sampling_logprobs,
 )
 
 
@@ -52,9 +53,12 @@ class GRPOLoss(PolicyLoss):
         num_tokens: float | None = None,
         num_seqs: float | None = None,
         token_weights: torch.Tensor | None = None,
+        behaviour_logprobs: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Scalar loss from logprobs/old/ref/mask [B, T] and advantages [B]|[B, 1]|[B, T]."""
-        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
+        """Scalar loss from logprobs/old/ref/mask [B, T] and advantages [B]|[B, 1]|[B, T]; behaviour_logprobs [B, T]:
+        the sampler's, which the unbiased KL weighs by (old_logprobs when None)."""
+        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs,
+                            behaviour_logprobs=behaviour_logprobs)
         adv = broadcast_advantages(advantages, logprobs)
         ratio = torch.exp(log_ratio(logprobs, old_logprobs, mask))
         unclipped = -adv * ratio
@@ -71,7 +75,7 @@ class GRPOLoss(PolicyLoss):
             per_token = torch.where(adv < 0, capped, per_token)
         per_token = self.weigh(per_token, token_weights)
         per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator,
-                                old_logprobs)
+                                sampling_logprobs(old_logprobs, behaviour_logprobs))
         return self.reduce(per_token, mask, num_tokens, num_seqs)
 
 
@@ -94,12 +98,13 @@ class SimpleGRPOLoss(PolicyLoss):
         self.beta, self.kl_estimator, self.kl_gradient = beta, kl_estimator, kl_gradient
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
-        """Scalar loss; old_logprobs is ignored (this form is on-policy by definition)."""
-        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs)
+                num_tokens=None, num_seqs=None, token_weights=None, behaviour_logprobs=None) -> torch.Tensor:
+        """Scalar loss; old_logprobs is ignored (this form is on-policy by definition); the unbiased KL weighs by
+        behaviour_logprobs [B, T] when given (the sampler's), else by the current policy (weight 1)."""
+        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, behaviour_logprobs=behaviour_logprobs)
         adv = broadcast_advantages(advantages, logprobs)
         ratio = torch.exp(log_ratio(logprobs, None, mask))
         self.metrics = {**ratio_metrics(ratio, mask), "clip_frac_low": 0.0, "clip_frac_high": 0.0}
         per_token = self.add_kl(self.weigh(-ratio * adv, token_weights), logprobs, ref_logprobs, mask, self.beta,
-                                self.kl_estimator)  # on-policy: sampled from the current policy
+                                self.kl_estimator, behaviour_logprobs)
         return self.reduce(per_token, mask, num_tokens, num_seqs)

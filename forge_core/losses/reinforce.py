@@ -11,6 +11,7 @@ from forge_core.losses.base import (
     log_ratio,
     masked_fraction,
     ratio_metrics,
+    sampling_logprobs,
 )
 
 
@@ -31,9 +32,10 @@ class ReinforceLoss(PolicyLoss):
             raise ValueError(f"loss.clip_ratio must be > 0 (e.g. 2.0) or null; got {hyperparams['clip_ratio']}")
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None, behaviour_logprobs=None) -> torch.Tensor:
         """Scalar loss from [B, T] inputs."""
-        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
+        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs,
+                            behaviour_logprobs=behaviour_logprobs)
         adv = broadcast_advantages(advantages, logprobs)
         ratio = torch.exp(log_ratio(logprobs, old_logprobs, mask)).detach()
         lp = torch.where(mask, logprobs, torch.zeros_like(logprobs))
@@ -44,5 +46,5 @@ class ReinforceLoss(PolicyLoss):
             self.metrics["clip_frac_high"] = masked_fraction(ratio > self.clip_ratio, mask)
         per_token = self.weigh(per_token, token_weights)
         per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator,
-                                old_logprobs)
+                                sampling_logprobs(old_logprobs, behaviour_logprobs))
         return self.reduce(per_token, mask, num_tokens, num_seqs)

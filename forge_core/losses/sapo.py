@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from forge_core.losses.base import PolicyLoss, broadcast_advantages, check_shapes, log_ratio, ratio_metrics
+from forge_core.losses.base import (
+    PolicyLoss,
+    broadcast_advantages,
+    check_shapes,
+    log_ratio,
+    ratio_metrics,
+    sampling_logprobs,
+)
 
 
 class SAPOLoss(PolicyLoss):
@@ -28,14 +35,15 @@ class SAPOLoss(PolicyLoss):
                              f"{hyperparams.get('tau_neg')}")
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None, behaviour_logprobs=None) -> torch.Tensor:
         """Scalar loss from [B, T] inputs."""
-        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
+        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs,
+                            behaviour_logprobs=behaviour_logprobs)
         adv = broadcast_advantages(advantages, logprobs)
         ratio = torch.exp(log_ratio(logprobs, old_logprobs, mask))
         tau = torch.where(adv > 0, torch.full_like(adv, self.tau_pos), torch.full_like(adv, self.tau_neg))
         gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
         self.metrics = {**ratio_metrics(ratio, mask), "clip_frac_low": 0.0, "clip_frac_high": 0.0}
         per_token = self.add_kl(self.weigh(-gate * adv, token_weights), logprobs, ref_logprobs, mask, self.beta,
-                                self.kl_estimator, old_logprobs)
+                                self.kl_estimator, sampling_logprobs(old_logprobs, behaviour_logprobs))
         return self.reduce(per_token, mask, num_tokens, num_seqs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import os
@@ -155,7 +156,9 @@ class Trainer:
                    num_seqs: int | None = None) -> float:
         """One optimizer step over the whole batch; returns the loss. targets: response/padding_mask [B, T],
         advantages [B] (or [B, T]), ref_logprobs/old_logprobs [B, T] or None; optional loss_mask [B, T] (tokens the
-        loss keeps, padding_mask still locates the response) and token_weights [B, T] (rollout correction).
+        loss keeps, padding_mask still locates the response), token_weights [B, T] (rollout correction) and
+        behaviour_logprobs [B, T] (the sampler's: the unbiased KL's weight, and the behaviour/proximal mismatch this
+        step reports unless proximal_recomputed says update_policy measured it).
         num_tokens/num_seqs override the normalisers when this batch is one rank's share of a larger one."""
         self.model.train()
         device = next(self.model.parameters()).device
@@ -170,14 +173,16 @@ class Trainer:
         mb = self.config.micro_batch_size
         self.optimizer.zero_grad(set_to_none=True)
         totals = StepTotals()
+        measure = not targets.get("proximal_recomputed", False)
         for start in range(0, len(inputs), mb):
             sl = slice(start, start + mb)
             lp, ent = self.logprobs(inputs[sl], mask[sl], with_entropy=True)
+            behaviour = pick(targets, "behaviour_logprobs", sl)
             loss = self.micro_batch_loss(lp, ent, loss_mask[sl], pick(targets, "ref_logprobs", sl),
                                          pick(targets, "advantages", sl), pick(targets, "old_logprobs", sl),
-                                         num_tokens, num_seqs, totals, pick(targets, "token_weights", sl))
-            behaviour = pick(targets, "behaviour_logprobs", sl)
-            if behaviour is not None:
+                                         num_tokens, num_seqs, totals, pick(targets, "token_weights", sl),
+                                         behaviour_logprobs=behaviour)
+            if behaviour is not None and measure:
                 add_mismatch(totals, lp.detach(), behaviour, loss_mask[sl], num_tokens)
             loss.backward()  # a non-finite loss is refused below, before the optimizer step
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -222,11 +227,15 @@ class Trainer:
         return self.optimizer.param_groups[0]["lr"]
 
     def micro_batch_loss(self, logprobs, entropy, mask, ref_logprobs, advantages, old_logprobs, num_tokens: float,
-                         num_seqs: float, totals: StepTotals, token_weights=None) -> torch.Tensor:
+                         num_seqs: float, totals: StepTotals, token_weights=None, *,
+                         behaviour_logprobs=None) -> torch.Tensor:
         """The loss of one micro-batch from its logprobs/entropy [b, T] (global normalisers, entropy bonus); adds its
         loss, entropy and the loss's diagnostics (weighted by its share of the tokens) to `totals`. token_weights
-        [b, T] reach the loss only when given: losses written before rollout correction never see the keyword."""
+        [b, T] reach the loss only when given: losses written before rollout correction never see the keyword;
+        behaviour_logprobs [b, T] reach a loss whose forward names them (the unbiased KL's weight)."""
         extra = {} if token_weights is None else {"token_weights": token_weights}
+        if behaviour_logprobs is not None and accepts_keyword(self.loss_fn, "behaviour_logprobs"):
+            extra["behaviour_logprobs"] = behaviour_logprobs
         loss = self.loss_fn(logprobs, ref_logprobs, advantages, mask, old_logprobs=old_logprobs,
                             num_tokens=num_tokens, num_seqs=num_seqs, **extra)
         ent_tokens = torch.where(mask, entropy, torch.zeros_like(entropy)).sum()
@@ -294,6 +303,13 @@ def save_atomically(obj, path) -> None:
         tmp.unlink(missing_ok=True)
         raise
     tmp.replace(path)
+
+
+def accepts_keyword(loss, name: str) -> bool:
+    """Whether a loss module (or class) names `name` in its forward (`**kwargs` does not count: such a loss would
+    drop the value without a word)."""
+    forward = loss.forward if hasattr(loss, "forward") else loss
+    return name in inspect.signature(forward).parameters
 
 
 def loss_mask_of(targets: dict) -> torch.Tensor:

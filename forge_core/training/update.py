@@ -3,12 +3,12 @@ shuffled mini-batches, each one optimizer step (made of micro-batches, normalise
 
 Three policies are kept apart: behaviour (the generator's logprobs in targets["old_logprobs"]), proximal (the
 trainer's weights at the start of the step, computed once without gradient when it can differ from behaviour) and
-current (what is being trained). PPO-style clipping is current / proximal; rollout correction is proximal / behaviour.
+current (what is being trained). PPO-style clipping is current / proximal; rollout correction is proximal / behaviour;
+the unbiased KL's weight is current / behaviour (targets["behaviour_logprobs"], on every branch).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import torch
@@ -16,18 +16,25 @@ import torch
 from forge_core.seeding import step_seed
 from forge_core.training.batching import episodes_to_train_inputs
 from forge_core.training.correction import RolloutCorrection, correct_rollout
-from forge_core.training.trainer import Trainer, loss_mask_of
+from forge_core.training.trainer import Trainer, accepts_keyword, loss_mask_of
 from forge_core.types import Episode
 
 StepFn = Callable[[list[dict], dict], dict[str, float]]  # one optimizer step on (inputs, targets) -> its metrics
+# scores a whole batch with one of the trainer's scoring methods (proximal_logprobs, reference_logprobs): (method,
+# inputs, padding_mask [B, T]) -> logprobs [B, T]; a sharded trainer has each rank score its share and gathers
+ScoreFn = Callable[[Callable, list[dict], torch.Tensor], torch.Tensor]
 SUMMARISED_MAX = ("clip_frac", "ratio_", "kl", "entropy", "grad_norm")  # keys that also get a `_max` over steps
 
 
 def accepts_token_weights(loss) -> bool:
     """Whether a loss module (or class) names `token_weights` in its forward (TIS needs it; `**kwargs` does not
     count: such a loss would drop the weights without a word)."""
-    forward = loss.forward if hasattr(loss, "forward") else loss
-    return "token_weights" in inspect.signature(forward).parameters
+    return accepts_keyword(loss, "token_weights")
+
+
+def score_whole_batch(method: Callable, inputs: list[dict], padding_mask: torch.Tensor) -> torch.Tensor:
+    """The one-process ScoreFn: `method` on every row."""
+    return method(inputs, padding_mask)
 
 
 def needs_proximal(mini_batches: int, epochs: int, stale: bool, correction: RolloutCorrection,
@@ -73,43 +80,16 @@ def summarise_steps(per_step: list[dict[str, float]], epochs: int) -> dict[str, 
 
 def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stale: bool = False,
                   correction: RolloutCorrection | None = None, step_fn: StepFn | None = None,
-                  step: int | None = None) -> dict[str, float]:
+                  step: int | None = None, score_fn: ScoreFn | None = None) -> dict[str, float]:
     """All optimizer steps of RL step `step` on a batch (inputs/targets in the Trainer contract, targets'
     old_logprobs = behaviour [B, T]). Returns the steps' loss metrics (unprefixed) plus rollout/* correction metrics.
-    `step_fn` runs one optimizer step (default: trainer.train_step; a sharded trainer all-reduces normalisers)."""
+    `step_fn` runs one optimizer step (default: trainer.train_step; a sharded trainer all-reduces normalisers);
+    `score_fn` computes the reference and proximal logprobs (default: every row here; a sharded trainer's ranks
+    each score their share)."""
     s = trainer.config
-    correction = correction or RolloutCorrection()
     step_fn = step_fn or (lambda i, t: (trainer.train_step(i, t), dict(trainer.metrics))[1])
-    extra: dict[str, float] = {}
-    if getattr(trainer, "reference_from_base", False) and targets.get("ref_logprobs") is None:
-        targets = {**targets, "ref_logprobs": trainer.reference_logprobs(inputs, targets["padding_mask"])}
-    behaviour = targets.get("old_logprobs")
-    recompute = s.recompute_proximal
-    if behaviour is not None and recompute == "never":
-        # the generator's logprobs stand in for the proximal policy's (no correction can be made without it); the
-        # trainer still reports how far they are from its own
-        if correction.enabled:
-            raise ValueError("trainer.recompute_proximal: never leaves no proximal policy for rollout_correction to "
-                             "compare with the behaviour one; use auto, or rollout_correction.mode: none")
-        targets = {**targets, "behaviour_logprobs": behaviour}
-    elif behaviour is not None and needs_proximal(s.mini_batches, s.epochs, stale, correction, recompute):
-        proximal = trainer.proximal_logprobs(inputs, targets["padding_mask"].bool()).to(behaviour.device)
-        # inserted (environment) tokens have no behaviour logprob: they never enter the correction or its metrics
-        fix = correct_rollout(proximal, behaviour, loss_mask_of(targets), correction)
-        targets = {**targets, "old_logprobs": proximal}
-        targets["loss_mask"] = fix.mask  # ⊆ the loss mask it was given; padding_mask still locates the response
-        if fix.token_weights is not None:
-            if not accepts_token_weights(trainer.loss_fn):
-                raise ValueError(f"rollout_correction.mode {correction.mode} needs a loss whose forward takes "
-                                 f"token_weights; {type(trainer.loss_fn).__name__} does not — add the argument or "
-                                 "use mode: rejection")
-            targets["token_weights"] = fix.token_weights
-        extra.update(fix.metrics)
-    elif behaviour is not None:
-        # one on-policy optimizer step: the proximal policy is the current one at the start of the step, so the
-        # ratio is π_θ / sg(π_θ) (value 1) and not π_θ / μ_generator, which a bf16 or another engine's generator
-        # would make noise that clips tokens; the trainer still reports the behaviour/proximal mismatch
-        targets = {**targets, "old_logprobs": None, "behaviour_logprobs": behaviour}
+    targets, extra = policies_of_step(trainer, inputs, targets, correction or RolloutCorrection(), stale,
+                                      score_fn or score_whole_batch)
     planned = s.mini_batches * s.epochs
     if s.mini_batches == 1 and s.epochs == 1:
         place(trainer, step, 0, planned)
@@ -123,6 +103,57 @@ def update_policy(trainer, inputs: list[dict], targets: dict, *, seed: int, stal
     return {**summarise_steps(per_step, s.epochs), **extra}
 
 
+def policies_of_step(trainer, inputs: list[dict], targets: dict, correction: RolloutCorrection, stale: bool,
+                     score: ScoreFn) -> tuple[dict, dict[str, float]]:
+    """(targets with the reference (LoRA), proximal (old_logprobs) and behaviour logprobs the step trains
+    against, and rollout correction's weights/mask; rollout/* metrics measured here)."""
+    if getattr(trainer, "reference_from_base", False) and targets.get("ref_logprobs") is None:
+        targets = {**targets, "ref_logprobs": score(trainer.reference_logprobs, inputs, targets["padding_mask"])}
+    behaviour = targets.get("old_logprobs")
+    if behaviour is None:
+        return targets, {}
+    check_kl_weight(trainer.loss_fn)
+    recompute = trainer.config.recompute_proximal
+    # every branch carries the sampler's logprobs: the unbiased KL weighs by them (not by a recomputed proximal)
+    targets = {**targets, "behaviour_logprobs": behaviour}
+    if recompute == "never":
+        # the generator's logprobs stand in for the proximal policy's (no correction can be made without it); the
+        # trainer still reports how far they are from its own
+        if correction.enabled:
+            raise ValueError("trainer.recompute_proximal: never leaves no proximal policy for rollout_correction to "
+                             "compare with the behaviour one; use auto, or rollout_correction.mode: none")
+        return targets, {}
+    if not needs_proximal(trainer.config.mini_batches, trainer.config.epochs, stale, correction, recompute):
+        # one on-policy optimizer step: the proximal policy is the current one at the start of the step, so the
+        # ratio is π_θ / sg(π_θ) (value 1) and not π_θ / μ_generator, which a bf16 or another engine's generator
+        # would make noise that clips tokens; the trainer still reports the behaviour/proximal mismatch
+        return {**targets, "old_logprobs": None}, {}
+    proximal = score(trainer.proximal_logprobs, inputs, targets["padding_mask"].bool()).to(behaviour.device)
+    # inserted (environment) tokens have no behaviour logprob: they never enter the correction or its metrics
+    fix = correct_rollout(proximal, behaviour, loss_mask_of(targets), correction)
+    # the mismatch is measured here, against the proximal policy: the optimizer steps do not measure it again
+    targets = {**targets, "old_logprobs": proximal, "proximal_recomputed": True}
+    targets["loss_mask"] = fix.mask  # ⊆ the loss mask it was given; padding_mask still locates the response
+    if fix.token_weights is not None:
+        if not accepts_token_weights(trainer.loss_fn):
+            raise ValueError(f"rollout_correction.mode {correction.mode} needs a loss whose forward takes "
+                             f"token_weights; {type(trainer.loss_fn).__name__} does not — add the argument or "
+                             "use mode: rejection")
+        targets["token_weights"] = fix.token_weights
+    return targets, fix.metrics
+
+
+def check_kl_weight(loss) -> None:
+    """Refuse loss.kl_gradient: unbiased with a KL term in a loss whose forward cannot take the behaviour logprobs
+    its weight needs (it would weigh by the proximal policy, which did not sample the tokens)."""
+    if getattr(loss, "kl_gradient", "standard") != "unbiased" or not getattr(loss, "beta", 0.0):
+        return
+    if not accepts_keyword(loss, "behaviour_logprobs"):
+        raise ValueError(f"loss.kl_gradient: unbiased weighs the KL by the behaviour policy that sampled the tokens, "
+                         f"and {type(loss).__name__}.forward takes no behaviour_logprobs — add the keyword and pass "
+                         "it to add_kl, or set loss.kl_gradient: standard")
+
+
 def place(trainer, step: int | None, index: int, planned: int) -> None:
     """Put optimizer step `index` of the `planned` ones of RL step `step` on the lr schedule at step + index /
     planned (None: leave the trainer's own count), so the schedule ends with the run whatever steps are skipped."""
@@ -132,7 +163,7 @@ def place(trainer, step: int | None, index: int, planned: int) -> None:
 
 def train_on_episodes(trainer: Trainer, episodes: list[Episode], pad_id: int, *, step: int = 0, seed: int = 0,
                       correction: RolloutCorrection | None = None, stale: bool | None = None,
-                      step_fn: StepFn | None = None) -> dict[str, float]:
+                      step_fn: StepFn | None = None, score_fn: ScoreFn | None = None) -> dict[str, float]:
     """Step `step`'s policy update on the episodes (mini-batches × epochs optimizer steps, proximal logprobs and
     rollout correction when configured); loss/* and rollout/* metrics (empty batch: no step). `stale` defaults to
     whether any episode was sampled by a version older than `step` (the trainer's current one)."""
@@ -142,5 +173,5 @@ def train_on_episodes(trainer: Trainer, episodes: list[Episode], pad_id: int, *,
     if stale is None:
         stale = any(e.completion.policy_version < step for e in episodes)
     metrics = update_policy(trainer, inputs, targets, seed=step_seed(seed, step, salt=2), stale=stale,
-                            correction=correction, step_fn=step_fn, step=step)
+                            correction=correction, step_fn=step_fn, step=step, score_fn=score_fn)
     return {k if k.startswith("rollout/") else f"loss/{k}": v for k, v in metrics.items()}
