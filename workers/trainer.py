@@ -255,15 +255,20 @@ class TrainerWorker(Worker):
     def _update_policy(self, episodes, step: int) -> dict[str, float]:
         """The step's policy update on the whole batch: every rank shuffles it alike into the same global
         mini-batches and trains on its data-parallel slice of each (so any number of ranks makes the steps one
-        process would)."""
-        step_fn = None
+        process would); the reference and proximal logprobs are scored slice by slice and gathered."""
+        step_fn = score_fn = None
         if self.world > 1:
             dp_rank, dp_size = self._data_parallel_slice()
+            slices = [self._data_parallel_slice(r)[0] for r in range(self.world)]
 
             def step_fn(inputs, targets):
                 return self._step_sharded(self.trainer, *rank_slice(inputs, targets, dp_rank, dp_size))
+
+            def score_fn(method, inputs, padding_mask):
+                return score_shares(method, inputs, padding_mask, slices, dp_rank, dp_size)
         return train_on_episodes(self.trainer, episodes, self.tokenizer.pad_token_id, step=step,
-                                 seed=self.cfg.seed, correction=self.cfg.rollout_correction, step_fn=step_fn)
+                                 seed=self.cfg.seed, correction=self.cfg.rollout_correction, step_fn=step_fn,
+                                 score_fn=score_fn)
 
     def _step_sharded(self, trainer: Trainer, inputs: list[dict], targets: dict) -> dict[str, float]:
         """One optimizer step of a multi-rank trainer on this rank's slice of the batch; the batch's metrics."""
@@ -283,11 +288,11 @@ class TrainerWorker(Worker):
         metrics.update(zip(shared, (sums / (self.tp * self.pp)).tolist(), strict=True))
         return metrics
 
-    def _data_parallel_slice(self) -> tuple[int, int]:
-        """(index, count) of this rank's batch slice: shared by the ranks of one tensor-parallel group (adjacent
-        ranks) and by the pipeline stages (the outermost dimension) of that group."""
+    def _data_parallel_slice(self, rank: int | None = None) -> tuple[int, int]:
+        """(index, count) of the batch slice of `rank` (None: this one): shared by the ranks of one tensor-parallel
+        group (adjacent ranks) and by the pipeline stages (the outermost dimension) of that group."""
         dp_size = self.world // (self.tp * self.pp)
-        return (self.rank // self.tp) % dp_size, dp_size
+        return ((self.rank if rank is None else rank) // self.tp) % dp_size, dp_size
 
     def _make_trainer(self, model, loss, config, options: dict) -> Trainer:
         """A Trainer for `model`, or a PipelineTrainer for this rank's stage when pipeline stages are configured."""
@@ -306,15 +311,38 @@ class TrainerWorker(Worker):
         follow_calls(self)
 
 
+def padded_rows(num_rows: int, rank: int, ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, padded): slice `rank`'s rows of `num_rows` (every ranks-th), and the same padded to
+    ceil(num_rows / ranks) rows with row 0, so every slice has as many."""
+    rows = torch.arange(rank, num_rows, ranks)
+    pad = -(-num_rows // ranks) - len(rows)
+    return rows, torch.cat([rows, torch.zeros(pad, dtype=torch.long)])
+
+
+def score_shares(method, inputs: list[dict], padding_mask: torch.Tensor, slices: list[int], rank: int,
+                 ranks: int) -> torch.Tensor:
+    """The whole batch's logprobs [B, T] from `method` (a Trainer's proximal_logprobs or reference_logprobs) with
+    each data-parallel slice scoring its rows only, then all-gathered; `slices`: each world rank's slice index.
+    Every rank scores the same number of rows (padded as rank_slice pads) so FSDP's collectives pair up."""
+    _, mine = padded_rows(len(inputs), rank, ranks)
+    scored = method([inputs[i] for i in mine.tolist()], padding_mask[mine]).contiguous()
+    parts = [torch.empty_like(scored) for _ in slices]
+    dist.all_gather(parts, scored)
+    out = torch.zeros(padding_mask.shape, dtype=scored.dtype, device=scored.device)
+    for index, part in zip(slices, parts, strict=True):  # tensor-parallel peers and stages repeat a slice
+        rows, _ = padded_rows(len(inputs), index, ranks)
+        out[rows.to(out.device)] = part[:len(rows)]
+    return out
+
+
 def rank_slice(inputs: list[dict], targets: dict, rank: int, ranks: int) -> tuple[list[dict], dict]:
     """Rank `rank`'s rows of a mini-batch (every ranks-th), padded to ceil(rows / ranks) with copies of row 0 that
     the loss ignores (loss_mask 0): every rank then runs the same number of micro-batches, forwards and
     backwards, so FSDP's collectives pair up however filtering and mini-batches split the batch (an uneven split
     would hang the job)."""
-    rows = torch.arange(rank, len(inputs), ranks)
-    pad = -(-len(inputs) // ranks) - len(rows)
-    picked_inputs, picked = select_rows(inputs, targets, torch.cat([rows, torch.zeros(pad, dtype=torch.long)]))
-    if pad:
+    rows, padded = padded_rows(len(inputs), rank, ranks)
+    picked_inputs, picked = select_rows(inputs, targets, padded)
+    if len(padded) > len(rows):
         keep = loss_mask_of(picked).clone()
         keep[len(rows):] = False
         picked["loss_mask"] = keep
