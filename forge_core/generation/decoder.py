@@ -22,6 +22,40 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class KVArena:
+    """The fixed-shape decoder's persistent buffers: storage for `slots` cached positions (rows × length), kept for
+    the decoder's life and laid out as k/v [layers, rows, kv_heads, length, head_dim] (+ valid [rows, length] and
+    position [rows]) for the chunk at hand. One storage serves chunks of every shape: it takes the largest chunk's
+    rows × length, not the most rows of any chunk × the longest length of any. A layout is a view at fixed
+    addresses, so graphs captured on it stay valid while the storage lives."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, slots: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.dims, self.slots = (layers, kv_heads, head_dim), slots
+        self.k_store = torch.zeros(layers * slots * kv_heads * head_dim, dtype=dtype, device=device)
+        self.v_store = torch.zeros_like(self.k_store)
+        self.valid_store = torch.zeros(slots, dtype=torch.bool, device=device)
+        self.position_store = torch.zeros(slots, dtype=torch.long, device=device)
+        self.write_at = torch.zeros(1, dtype=torch.long, device=device)
+        self.length = 0  # positions per row of the layout in use (0: none yet)
+        self.k = self.v = self.valid = self.position = None  # the layout's views (lay_out)
+
+    def holds(self, rows: int, total: int) -> bool:
+        """Whether the layout in use has `rows` rows of at least `total` positions."""
+        return self.length >= total and rows * self.length <= self.slots
+
+    def lay_out(self, length: int) -> None:
+        """View the storage as rows of `length` positions (as many rows as fit)."""
+        layers, kv_heads, head_dim = self.dims
+        rows = self.slots // length
+        size = layers * rows * kv_heads * length * head_dim
+        self.k = self.k_store[:size].view(layers, rows, kv_heads, length, head_dim)
+        self.v = self.v_store[:size].view(layers, rows, kv_heads, length, head_dim)
+        self.valid = self.valid_store[:rows * length].view(rows, length)
+        self.position = self.position_store[:rows]
+        self.length = length
+
+
 class StaticCacheDecoder:
     """Runs the model's layers directly with a [layers, B, kv_heads, S_max, D] KV cache (no per-step mask building).
 
@@ -46,7 +80,8 @@ class StaticCacheDecoder:
         self.supports_select = True
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
-        self.arena: dict[str, torch.Tensor] | None = None  # fixed shapes: buffers kept across chunks (into_arena)
+        self.arena: KVArena | None = None  # fixed shapes: buffers kept across chunks (into_arena)
+        self.kv_budget: int | None = None  # bytes the arena may take (reserve_for), None: no limit
         self.key_valid: torch.Tensor | None = None
         self.length = 0
 
@@ -123,40 +158,84 @@ class StaticCacheDecoder:
             self.write_at = torch.full((1,), p, dtype=torch.long, device=ids.device)
         return logits
 
-    def reserve(self, rows: int, total: int) -> dict[str, torch.Tensor]:
-        """The persistent buffers, grown (and the graphs that read the old ones dropped) to hold `rows` rows of
-        `total` positions; a caller that knows a call's largest chunk reserves it first, so the call grows them
-        once."""
+    def reserve_for(self, shapes: list[tuple[int, int]], budget: int | None) -> None:
+        """A call's chunks, as (rows, positions) each, and the bytes of KV cache they may take: when the most rows
+        by the longest length fit the budget, one layout serves every chunk (and its graphs); else one storage, of
+        the largest chunk's rows × positions, serves each chunk on a layout of its own. Either way the storage
+        grows at most once per call, here."""
+        self.kv_budget = budget
+        if budget is not None and self.reserved_bytes() > budget:
+            self.release()  # reserved under a larger budget (an earlier call's share of free memory)
+        rows, total = max(r for r, _ in shapes), max(t for _, t in shapes)
+        if budget is None or self.kv_bytes(rows * self.bucketed(total)) <= budget:
+            self.reserve(rows, total)
+        else:
+            self.grow(max(r * self.layout_length(r, t) for r, t in shapes))
+
+    def reserve(self, rows: int, total: int) -> KVArena:
+        """The persistent buffers laid out for `rows` rows of at least `total` positions: the layout in use when it
+        has them (the graphs captured on it stay valid), else rows of layout_length positions."""
         arena = self.arena
-        if arena is None or arena["k"].shape[1] < rows or arena["k"].shape[3] < total:
-            rows_cap = max(rows, arena["k"].shape[1] if arena else 0)
-            total_cap = max(-(-total // self.length_bucket) * self.length_bucket, arena["k"].shape[3] if arena else 0)
-            param = next(self.model.parameters())
-            shape = (len(self.base.layers), rows_cap, self.num_kv, total_cap, self.head_dim)
-            self.arena = arena = {"k": torch.zeros(shape, dtype=param.dtype, device=param.device),
-                                  "v": torch.zeros(shape, dtype=param.dtype, device=param.device),
-                                  "valid": torch.zeros(rows_cap, total_cap, dtype=torch.bool, device=param.device),
-                                  "position": torch.zeros(rows_cap, dtype=torch.long, device=param.device),
-                                  "write_at": torch.zeros(1, dtype=torch.long, device=param.device)}
-            if self.graphs is not None:
-                self.graphs.clear()  # they read the old buffers
+        if arena is not None and arena.holds(rows, total):
+            return arena
+        length = self.layout_length(rows, total)
+        arena = self.grow(rows * length)
+        arena.lay_out(length)
         return arena
 
+    def layout_length(self, rows: int, total: int) -> int:
+        """Positions per row of a layout for `rows` rows of `total`: rounded up to the length bucket (fewer
+        attended lengths, so fewer graphs), or exactly `total` where the rounding would pass the budget (plan_chunks
+        fits rows × total in it)."""
+        length = self.bucketed(total)
+        fits = self.kv_budget is None or self.kv_bytes(rows * length) <= self.kv_budget
+        return length if fits else total
+
+    def grow(self, slots: int) -> KVArena:
+        """Storage for at least `slots` positions: the one held when it has them, else a new one of exactly that
+        many, allocated after the old one is released (the two never coexist)."""
+        if self.arena is not None and self.arena.slots >= slots:
+            return self.arena
+        self.release()
+        param = next(self.model.parameters())
+        self.arena = KVArena(len(self.base.layers), self.num_kv, self.head_dim, slots, param.dtype, param.device)
+        return self.arena
+
+    def release(self) -> None:
+        """Drop the persistent buffers, every view of them, and the graphs that read them."""
+        if self.graphs is not None:
+            self.graphs.clear()
+        self.arena = self.k_cache = self.v_cache = self.key_valid = None
+        self.next_position = self.write_at = None
+
+    def bucketed(self, total: int) -> int:
+        """`total` rounded up to the length bucket."""
+        return -(-total // self.length_bucket) * self.length_bucket
+
+    def kv_bytes(self, positions: int) -> int:
+        """Bytes of keys and values `positions` cached positions take (all layers)."""
+        element = next(self.model.parameters()).element_size()
+        return 2 * len(self.base.layers) * self.num_kv * self.head_dim * element * positions
+
+    def reserved_bytes(self) -> int:
+        """Bytes of keys and values the persistent buffers hold (0: none)."""
+        return 0 if self.arena is None else self.kv_bytes(self.arena.slots)
+
     def into_arena(self, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, repeat: int, total: int) -> None:
-        """Fixed shapes: move the prompts' cache into the decoder's persistent buffers (grown when too small), whose
-        first rows the decode steps then use: a CUDA graph captured for (rows, attended length) reads them where
-        they are, so it serves every later chunk of that size, not just this one."""
+        """Fixed shapes: move the prompts' cache into the decoder's persistent buffers (laid out for this chunk),
+        whose first rows the decode steps then use: a CUDA graph captured for (rows, attended length, layout) reads
+        them where they are, so it serves every later chunk of that size, not just this one."""
         rows, p = valid.shape
         arena = self.reserve(rows, total)
-        self.k_cache, self.v_cache = arena["k"][:, :rows], arena["v"][:, :rows]
+        self.k_cache, self.v_cache = arena.k[:, :rows], arena.v[:, :rows]
         for cache, prompt in ((self.k_cache, k[:, :, :, :p]), (self.v_cache, v[:, :, :, :p])):
             cache[:, :, :, :p].copy_(prompt.repeat_interleave(repeat, dim=1) if repeat > 1 else prompt)
-        self.key_valid = arena["valid"][:rows]
+        self.key_valid = arena.valid[:rows]
         self.key_valid.zero_()
         self.key_valid[:, :p] = valid
-        self.next_position = arena["position"][:rows]
+        self.next_position = arena.position[:rows]
         self.next_position.copy_(valid.long().sum(-1))
-        self.write_at = arena["write_at"]
+        self.write_at = arena.write_at
         self.write_at.fill_(p)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -198,23 +277,23 @@ class StaticCacheDecoder:
             self.key_valid, self.next_position = self.key_valid[rows], self.next_position[rows]
             return
         n, arena = len(rows), self.arena
-        for name in ("k", "v"):
-            arena[name][:, :n].copy_(arena[name][:, rows])  # index_select copies first: no overlap hazard
-        arena["valid"][:n].copy_(arena["valid"][rows])
-        arena["position"][:n].copy_(arena["position"][rows])
-        self.k_cache, self.v_cache = arena["k"][:, :n], arena["v"][:, :n]
-        self.key_valid, self.next_position = arena["valid"][:n], arena["position"][:n]
+        for buffer in (arena.k, arena.v):
+            buffer[:, :n].copy_(buffer[:, rows])  # index_select copies first: no overlap hazard
+        arena.valid[:n].copy_(arena.valid[rows])
+        arena.position[:n].copy_(arena.position[rows])
+        self.k_cache, self.v_cache = arena.k[:, :n], arena.v[:, :n]
+        self.key_valid, self.next_position = arena.valid[:n], arena.position[:n]
 
 
 class DecodeGraphs:
-    """CUDA graphs of StaticCacheDecoder.step, one per (batch size, attended length), captured on first use: a decode
-    step becomes one graph launch instead of hundreds of kernel launches. They read the decoder's persistent
-    buffers where they are, so they serve every later chunk and compaction of their size, and weights loaded in
-    place keep them valid; only a growth of the buffers clears them."""
+    """CUDA graphs of StaticCacheDecoder.step, one per (batch size, attended length, layout of the buffers), captured
+    on first use: a decode step becomes one graph launch instead of hundreds of kernel launches. They read the
+    decoder's persistent buffers where they are, so they serve every later chunk and compaction of their size, and
+    weights loaded in place keep them valid; only a new storage (a growth) clears them."""
 
     def __init__(self, decoder: StaticCacheDecoder) -> None:
         self.decoder = decoder
-        self.entries: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.entries: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.pool = None
 
     def clear(self) -> None:
@@ -222,7 +301,7 @@ class DecodeGraphs:
 
     def run(self, tokens: torch.Tensor, kv_len: int) -> torch.Tensor:
         """The step's logits [B, V] (a buffer the next replay overwrites)."""
-        key = (tokens.shape[0], kv_len)
+        key = (tokens.shape[0], kv_len, self.decoder.k_cache.shape[3])  # rows, attended length, layout
         if key not in self.entries:
             self.entries[key] = self.capture(tokens, kv_len)
         graph, static_tokens, logits = self.entries[key]
@@ -275,6 +354,10 @@ class HFCacheDecoder:
         self.past = None
         self.supports_select = False
         self.cache_arg = cache_keyword(model) or "past_key_values"
+
+    def reserved_bytes(self) -> int:
+        """Bytes of KV cache kept across chunks: none (each chunk's cache goes with its decoder)."""
+        return 0
 
     def prefill(self, ids, attention_mask, max_new_tokens: int, repeat: int) -> torch.Tensor:
         if repeat > 1:

@@ -3,6 +3,8 @@
 A chunk of prompts with n samples each, padded to its longest prompt P, holds n × prompts rows of P + max_new_tokens
 cached positions; each position costs 2 (keys, values) × layers × kv heads × head dim × the element size. A
 Qwen3-1.7B batch of 512 × 1024 new tokens needs ~72 GB of it, more than one GPU has: chunks are planned to fit.
+The fixed-shape decoder's buffers, kept across chunks and calls, take the largest chunk's rows × positions, so they
+fit the budget too (decoder.KVArena).
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ def kv_bytes_per_token(model) -> int:
     return 2 * c.num_hidden_layers * kv_heads * head_dim * element
 
 
-def kv_budget_bytes(kv_cache_gb: float, device: torch.device) -> int | None:
-    """The budget: `kv_cache_gb` when set, else on CUDA CUDA_FREE_SHARE of the free memory now, else none."""
+def kv_budget_bytes(kv_cache_gb: float, device: torch.device, held: int = 0) -> int | None:
+    """The budget: `kv_cache_gb` when set, else on CUDA CUDA_FREE_SHARE of the memory free now plus the `held`
+    bytes of KV cache the caller would release for it, else none."""
     if kv_cache_gb > 0:
         return int(kv_cache_gb * 2**30)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free * CUDA_FREE_SHARE)
+        return int((free + held) * CUDA_FREE_SHARE)
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -83,16 +84,17 @@ class TorchGenerator:
         # budget allow; the keyed streams make the order and the chunking irrelevant
         rows = self.tokenize(prompts) if prompt_ids is None else checked_rows(prompt_ids, len(prompts))
         order = sorted(range(len(prompts)), key=lambda i: len(rows[i]))
-        sizes = plan_chunks([len(rows[i]) for i in order], n, params.max_new_tokens, kv_bytes_per_token(self.model),
-                            kv_budget_bytes(self.kv_cache_gb, self.device), self.max_batch)
-        out: list[list[Completion]] = [None] * len(prompts)  # type: ignore[list-item]
         decoder = self.decoder()
-        if sizes and getattr(decoder, "fixed_shapes", False):  # one growth of its buffers for the whole call
-            decoder.reserve(max(sizes) * n, max(len(r) for r in rows) + params.max_new_tokens)
-        start = 0
-        for size in sizes:
-            chunk = order[start:start + size]
-            start += size
+        # the buffers this generator holds count as free: the decoder releases them when a chunk needs the room
+        budget = kv_budget_bytes(self.kv_cache_gb, self.device, held=decoder.reserved_bytes())
+        sizes = plan_chunks([len(rows[i]) for i in order], n, params.max_new_tokens, kv_bytes_per_token(self.model),
+                            budget, self.max_batch)
+        bounds = list(itertools.accumulate(sizes, initial=0))
+        chunks = [order[a:b] for a, b in zip(bounds, bounds[1:])]
+        if chunks and getattr(decoder, "fixed_shapes", False):  # rows × positions of each chunk (ascending lengths)
+            decoder.reserve_for([(len(c) * n, len(rows[c[-1]]) + params.max_new_tokens) for c in chunks], budget)
+        out: list[list[Completion]] = [None] * len(prompts)  # type: ignore[list-item]
+        for chunk in chunks:
             groups = self.generate_chunk([rows[i] for i in chunk], n, params,
                                          stream_keys(seed, [keys[i] for i in chunk], n), chunk)
             for i, group in zip(chunk, groups, strict=True):

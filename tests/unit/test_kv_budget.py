@@ -45,3 +45,94 @@ def test_a_small_budget_samples_exactly_what_one_batch_samples(monkeypatch):
     for g, w in zip(chunked, whole, strict=True):  # other padding, other rounding: equal to float precision
         for c, d in zip(g, w, strict=True):
             assert c.logprobs == pytest.approx(d.logprobs, abs=1e-5)
+
+
+SHORT = [f"{a}+{b}=" for a in range(1, 10) for b in range(10, 17)]  # 63 prompts of 5 tokens (one per character)
+LONG = "1+2=" * 500  # 2,000 tokens
+
+
+def held_kv_bytes(decoder) -> int:
+    """Bytes of the storage behind the decoder's key and value buffers (each storage once)."""
+    arena = decoder.arena
+    tensors = [decoder.k_cache, decoder.v_cache]
+    if arena is not None:
+        tensors += [arena["k"], arena["v"]] if isinstance(arena, dict) else [arena.k, arena.v]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t is not None}
+    return sum(storages.values())
+
+
+def count_captures(monkeypatch) -> list:
+    """A stand-in for CUDA graph capture on CPU (its replay runs the step on the same buffers); returns the list
+    of (rows, attended length) each capture appends to."""
+    from forge_core.generation import decoder
+
+    captured = []
+
+    class StandInGraph:
+        def __init__(self, dec, static_tokens, kv_len):
+            self.dec, self.static_tokens, self.kv_len = dec, static_tokens, kv_len
+            self.logits = None
+
+        def replay(self):
+            self.logits.copy_(self.dec.step(self.static_tokens, self.kv_len))
+
+    def capture(self, tokens, kv_len):
+        captured.append((tokens.shape[0], kv_len))
+        graph = StandInGraph(self.decoder, tokens.clone(), kv_len)
+        graph.logits = self.decoder.step(graph.static_tokens, kv_len).clone()
+        return graph, graph.static_tokens, graph.logits
+
+    monkeypatch.setattr(decoder.DecodeGraphs, "capture", capture)
+    return captured
+
+
+def generate_measuring(gen, prompts, n, seed, monkeypatch) -> tuple[list, list[int]]:
+    """gen.generate(...) and the bytes its decoder's KV buffers hold after each chunk."""
+    held = []
+    real = gen.generate_chunk
+    monkeypatch.setattr(gen, "generate_chunk", lambda *a: (real(*a), held.append(held_kv_bytes(gen._decoder)))[0])
+    out = gen.generate(prompts, n=n, seed=seed)
+    monkeypatch.setattr(gen, "generate_chunk", real)
+    return out, held
+
+
+def test_fixed_shape_buffers_stay_within_the_budget_with_one_long_prompt_among_short_ones(monkeypatch):
+    """63 short prompts and one of 2,000 tokens: the buffers kept across chunks and calls hold the largest chunk's
+    rows × positions, not the most rows × the longest prompt (~50× the budget here), with the samples unchanged."""
+    from forge_core.generation import decoder
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
+    captured = count_captures(monkeypatch)
+    prompts = SHORT + [LONG]
+    budget = 5 * 2048 * kv_bytes_per_token(model)  # the long prompt's 4 rows, its length rounded up to 2,048
+    gen = TorchGenerator(model, tok, PARAMS, fixed_shapes=True, kv_cache_gb=budget / 2**30)
+    gen._decoder = decoder.StaticCacheDecoder(model, cuda_graphs=True)  # what make_decoder gives on CUDA
+    first, held = generate_measuring(gen, prompts, 4, 9, monkeypatch)
+    assert len(held) == 2 and max(held) <= budget  # a chunk of the 63 short prompts, then the long one
+    storage, after_first = gen._decoder.arena.k_store.data_ptr(), len(captured)
+    second, held = generate_measuring(gen, prompts, 4, 9, monkeypatch)
+    assert max(held) <= budget
+    assert gen._decoder.arena.k_store.data_ptr() == storage and len(captured) == after_first  # graphs kept
+    sliced = TorchGenerator(model, tok, PARAMS, kv_cache_gb=budget / 2**30).generate(prompts, n=4, seed=9)
+    for run in (first, second):
+        assert [[c.token_ids for c in g] for g in run] == [[c.token_ids for c in g] for g in sliced]
+
+
+def test_chunks_share_one_layout_of_the_buffers_when_the_budget_allows(monkeypatch):
+    """With room for the most rows × the longest length, every chunk decodes on one layout (one set of graphs);
+    without it, each chunk on its own (what the budget allows)."""
+    from forge_core.generation import decoder
+
+    model, tok = load_model_and_tokenizer("tiny:qwen3-micro", seed=0)
+    count_captures(monkeypatch)
+    prompts = SHORT[:6] + ["1+2=" * 20]
+    per_token = kv_bytes_per_token(model)
+    layouts = {}
+    for name, budget in (("tight", 6 * 128 * per_token), ("roomy", 64 * 128 * per_token)):
+        gen = TorchGenerator(model, tok, PARAMS, max_batch=8, fixed_shapes=True, kv_cache_gb=budget / 2**30)
+        gen._decoder = decoder.StaticCacheDecoder(model, cuda_graphs=True)
+        _, held = generate_measuring(gen, prompts, 4, 9, monkeypatch)
+        assert len(held) == 4 and max(held) <= budget  # 6 short prompts in 3 chunks of 2 (8 rows), then the long one
+        layouts[name] = {length for _, _, length in gen._decoder.graphs.entries}
+    assert layouts["roomy"] == {128}  # the long prompt's 80 + 8 positions, rounded up to the bucket of 64
+    assert layouts["tight"] == {64, 128}
