@@ -26,6 +26,7 @@ from infra.dist_store import MasterStore, connect_store
 log = logging.getLogger(__name__)
 
 STOP = -1  # header version that ends the receivers' loop
+STORE_PREFIX = "forgeflow-weights"  # the group's keys in the rendezvous store
 BUCKET_BYTES = 64 << 20  # tensors go in buckets of about this size: one collective each, one bucket on the device
 
 
@@ -59,6 +60,22 @@ def nccl_group(store, rank: int, world_size: int, timeout: timedelta):
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout  # what init_process_group(timeout=…) sets on its NCCL backend too
     return dist.ProcessGroupNCCL(store, rank, world_size, options)
+
+
+def form_weight_group(store, rank: int, world_size: int, timeout: timedelta, device: torch.device):
+    """The weight-broadcast group over `store` (under its own key prefix): gloo on CPU, NCCL on CUDA, either one's
+    collectives failing after `timeout` when a member does not take part."""
+    prefixed = dist.PrefixStore(STORE_PREFIX, store)
+    if device.type == "cpu":
+        return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    return nccl_group(prefixed, rank, world_size, timeout)
+
+
+def allocate_outside_capture(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised [numel] buffer on `device`, allocated while no CUDA graph is being captured in this process
+    (GRAPH_CAPTURE): a receiver thread's allocation during a capture would land in it or break it."""
+    with GRAPH_CAPTURE:
+        return torch.empty(numel, dtype=dtype, device=device)
 
 
 class BroadcastWeightSync:
@@ -172,12 +189,8 @@ class BroadcastWeightSync:
 
     def _run(self) -> None:
         try:
-            prefixed = dist.PrefixStore("forgeflow-weights", self._store)
-            timeout = timedelta(seconds=self.timeout_s)
-            if self.device.type == "cpu":
-                self.group = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, timeout)
-            else:
-                self.group = nccl_group(prefixed, self.rank, self.world_size, timeout)
+            self.group = form_weight_group(self._store, self.rank, self.world_size,
+                                           timedelta(seconds=self.timeout_s), self.device)
         except BaseException as exc:  # reported by wait_formed / fetch
             self._fail(exc, "could not form")
             return
@@ -204,12 +217,11 @@ class BroadcastWeightSync:
             self._fail(exc, "receiver stopped")
 
     def _receive_tensors(self, spec: list[list], bucket_bytes: int) -> dict[str, torch.Tensor]:
-        """One version's tensors, bucket by bucket as published. Nothing is allocated on the device while the
-        generator captures a CUDA graph (GRAPH_CAPTURE): an allocation from this thread would break the capture."""
+        """One version's tensors, bucket by bucket as published (each bucket allocated outside any graph capture)."""
         state = {}
         for bucket in plan_buckets(spec, bucket_bytes):
-            with GRAPH_CAPTURE:
-                buffer = torch.empty(sum(slot_bytes(spec[i]) for i in bucket), dtype=torch.uint8, device=self.device)
+            nbytes = sum(slot_bytes(spec[i]) for i in bucket)
+            buffer = allocate_outside_capture(nbytes, torch.uint8, self.device)
             self._broadcast(buffer)
             at = 0
             for i in bucket:
@@ -252,10 +264,15 @@ class BroadcastWeightSync:
             raise TimeoutError(f"weight broadcast did not complete within {timeout_s} s")
 
     def _broadcast_header(self, header, timeout_s: float | None = None):
-        payload = json.dumps(header).encode() if self.rank == 0 else b""
-        length = torch.tensor([len(payload)], dtype=torch.long, device=self.device)
+        """Rank 0 sends `header` (JSON: its length [1], then its bytes); receivers return it. A receiver allocates
+        both buffers outside any graph capture (the generator may be capturing while it waits here)."""
+        if self.rank == 0:
+            payload = json.dumps(header).encode()
+            self._broadcast(torch.tensor([len(payload)], dtype=torch.long, device=self.device), timeout_s)
+            self._broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device), timeout_s)
+            return header
+        length = allocate_outside_capture(1, torch.long, self.device)
         self._broadcast(length, timeout_s)
-        buffer = (torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device) if self.rank == 0
-                  else torch.empty(int(length.item()), dtype=torch.uint8, device=self.device))
+        buffer = allocate_outside_capture(int(length.item()), torch.uint8, self.device)
         self._broadcast(buffer, timeout_s)
-        return header if self.rank == 0 else json.loads(buffer.cpu().numpy().tobytes())
+        return json.loads(buffer.cpu().numpy().tobytes())

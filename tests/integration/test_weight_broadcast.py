@@ -3,6 +3,7 @@ processes); generators fetch by version, keep the newest two, and a dead generat
 
 import multiprocessing as mp
 import os
+import threading
 
 import pytest
 import torch
@@ -82,25 +83,76 @@ def odd_weights(version: int) -> dict[str, torch.Tensor]:
             "e": torch.ones(3, dtype=torch.float16)}
 
 
-def test_buckets_carry_every_tensor_exactly_and_pause_while_a_graph_is_captured():
-    """Small buckets split the state over several collectives; a receiver allocates nothing while the process
-    captures a CUDA graph (GRAPH_CAPTURE held: the injected capture window), then completes."""
-    import threading
+class AllocationLog:
+    """Stands in for the broadcast module's `torch`: logs each tensor allocation it is asked for, in order with the
+    test's own events (the receiver's lock attempts, the lock's release), and forwards everything to torch."""
 
+    ALLOCATORS = ("empty", "zeros", "ones", "full", "tensor", "empty_like", "zeros_like", "frombuffer")
+
+    def __init__(self):
+        self.events: list[tuple[str, object]] = []
+        self.changed = threading.Condition()
+
+    def record(self, what: str) -> None:
+        with self.changed:
+            self.events.append((what, threading.current_thread()))
+            self.changed.notify_all()
+
+    def __getattr__(self, name):
+        attr = getattr(torch, name)
+        if name not in self.ALLOCATORS:
+            return attr
+
+        def allocate(*args, **kwargs):
+            self.record("allocates")
+            return attr(*args, **kwargs)
+        return allocate
+
+
+class AttemptLoggingLock:
+    """The capture lock as the receiver sees it: logs each attempt to take it, then takes the real one."""
+
+    def __init__(self, lock, log: AllocationLog):
+        self.lock, self.log = lock, log
+
+    def __enter__(self):
+        self.log.record("waits for the capture lock")
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+
+
+def test_buckets_carry_every_tensor_exactly_and_nothing_is_allocated_while_a_graph_is_captured(monkeypatch):
+    """Small buckets split the state over several collectives. While the process captures a CUDA graph
+    (GRAPH_CAPTURE held), the receiver allocates nothing, not even the header's buffers: the log of allocations
+    and lock events shows its first allocation after the capture ended; then the version arrives whole."""
     from forge_core.generation.decoder import GRAPH_CAPTURE
+    from infra.weightsync import broadcast
     from infra.weightsync.broadcast import plan_buckets
 
-    trainer = BroadcastWeightSync("127.0.0.1:0", 0, 2, timeout_s=60, bucket_bytes=256)
-    receiver = BroadcastWeightSync(trainer.address, 1, 2, timeout_s=60, bucket_bytes=1 << 30)  # the sender's plan rules
+    assert broadcast.GRAPH_CAPTURE is GRAPH_CAPTURE  # the receiver waits for the decoder's own lock
+    log = AllocationLog()
+    monkeypatch.setattr(broadcast, "torch", log)
+    monkeypatch.setattr(broadcast, "GRAPH_CAPTURE", AttemptLoggingLock(GRAPH_CAPTURE, log))
     spec = [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in odd_weights(1).items()]
     assert len(plan_buckets(spec, 256)) >= 3
-    with GRAPH_CAPTURE:
+    with GRAPH_CAPTURE:  # a capture is under way from before the receiver exists until it first needs memory
+        trainer = BroadcastWeightSync("127.0.0.1:0", 0, 2, timeout_s=60, bucket_bytes=256)
+        receiver = BroadcastWeightSync(trainer.address, 1, 2, timeout_s=60, bucket_bytes=1 << 30)  # sender's plan rules
         sender = threading.Thread(target=trainer.publish, args=(1, odd_weights(1)))
         sender.start()
-        with receiver._arrived:  # while the capture lasts, nothing can arrive, however long it takes
-            assert not receiver._arrived.wait_for(lambda: receiver._versions, timeout=0.5)
+        mine = lambda: [what for what, thread in log.events if thread is receiver._thread]  # noqa: E731
+        with log.changed:  # until the receiver needs the lock, or shows it never will (arrived or failed)
+            while not ("waits for the capture lock" in mine() or receiver.latest() is not None or receiver._error):
+                log.changed.wait(1.0)  # re-checks arrival and failure, which do not notify this log
+            log.events.append(("capture ends", None))
     version, state = receiver.fetch(1)
-    sender.join(60)
+    sender.join()
+    events = [what for what, thread in log.events if thread in (receiver._thread, None)]
+    end = events.index("capture ends")
+    assert events[:end] == ["waits for the capture lock"], events  # it waited for the capture, allocating nothing
+    assert events[end + 1:].count("allocates") >= 2 + 3  # the header's length and bytes, then every bucket
     assert version == 1 and set(state) == set(odd_weights(1))
     for k, v in odd_weights(1).items():
         assert state[k].dtype == v.dtype and torch.equal(state[k], v), k
