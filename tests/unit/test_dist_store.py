@@ -1,11 +1,13 @@
 """torch.distributed stores bind before they are used, and only loopback when every member is on this host."""
 
 import socket
+from datetime import timedelta
 
 import pytest
+import torch
 
-from infra.dist_store import MasterStore, bind_listen_socket
-from infra.weightsync.broadcast import BroadcastWeightSync
+from infra.dist_store import MasterStore, bind_listen_socket, connect_store
+from infra.weightsync.broadcast import BroadcastWeightSync, form_weight_group
 
 
 def non_loopback_address() -> str | None:
@@ -63,22 +65,14 @@ def test_a_store_bound_on_every_interface_advertises_the_node_name():
     assert MasterStore("127.0.0.1", 1, 10).address.startswith("127.0.0.1:")
 
 
-def test_the_nccl_weight_group_gets_the_configured_timeout(monkeypatch):
-    """A dead peer must make NCCL raise after weightsync's timeout, not hang: the group is built with it (a
-    stand-in for ProcessGroupNCCL, which this CPU build lacks; tests/gpu forms a real one)."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from infra.weightsync.broadcast import nccl_group
-
-    class StandInNCCL:
-        class Options:
-            _timeout = None
-
-        def __init__(self, store, rank, size, options):
-            self.args = (store, rank, size, options._timeout)
-
-    monkeypatch.setattr(dist, "ProcessGroupNCCL", StandInNCCL, raising=False)
-    group = nccl_group("store", 1, 3, timedelta(seconds=42))
-    assert group.args == ("store", 1, 3, timedelta(seconds=42))
+def test_a_weight_group_member_that_never_takes_part_fails_the_publish_after_the_configured_timeout():
+    """A stalled generator must make publish raise after weightsync's timeout, not hang for the backend's default
+    (gloo: 30 min). The group is formed by the code that forms the NCCL one on GPUs (form_weight_group); NCCL's own
+    options are checked in tests/gpu, as this CPU build has no NCCL."""
+    trainer = BroadcastWeightSync("127.0.0.1:0", 0, 2, timeout_s=3)
+    # rank 1 joins the group and then never takes part in a collective
+    silent = form_weight_group(connect_store(trainer.address, 2, 60), 1, 2, timedelta(seconds=600), torch.device("cpu"))
+    assert trainer.wait_formed() and silent.size() == 2
+    assert trainer.group.options._timeout == timedelta(seconds=3)
+    with pytest.raises(RuntimeError, match="3000ms"):  # gloo's error names the wait it gave up after
+        trainer.publish(1, {"w": torch.ones(4)})
