@@ -31,21 +31,40 @@ def params(trainer: Trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for p in trainer.model.parameters()]
 
 
-def test_one_on_policy_step_clips_against_the_trainer_not_the_generator_bit_for_bit():
-    """One mini-batch, one epoch, fresh rollouts: the proximal policy is the trainer's weights of now, so the step
-    equals a step with old_logprobs=None (ratio π/sg(π) = 1); the generator's logprobs only feed the mismatch
-    metrics."""
-    today, tok = fresh("dapo", lr=1e-3)
-    new, _ = fresh("dapo", lr=1e-3)
+def response_logprobs_by_hand(model, inputs, mask, pad_id) -> torch.Tensor:
+    """log π of each response token [B, T] from one plain forward of `model` (gradients kept)."""
+    batch = collate(inputs, mask, pad_id)
+    logp = torch.log_softmax(model(input_ids=batch.tokens, attention_mask=batch.attention_mask).logits, -1)
+    before = (batch.positions - 1).clamp(min=0)  # position t - 1 predicts the token at t
+    picked = logp.gather(1, before[..., None].expand(-1, -1, logp.shape[-1]))
+    return picked.gather(-1, batch.tokens.gather(1, batch.positions)[..., None]).squeeze(-1)
+
+
+def test_one_on_policy_step_clips_against_the_trainer_not_the_generator():
+    """One mini-batch, one epoch, fresh rollouts: the proximal policy is the trainer's weights of now, so the ratio
+    is π/sg(π) (value 1, gradient ∇log π), not π/μ_generator. DAPO's loss and gradient by hand at float64:
+    -Σ_i A_i n_i / N and -Σ_i A_i Σ_t ∇log π(y_it) / N; the generator's logprobs feed only the mismatch metrics."""
+    trainer, tok = fresh("dapo", dtype=torch.float64, lr=1e-3, max_norm=0.0)
     inputs, targets = make_batch(tok)
-    today.train_step(inputs, {**targets, "old_logprobs": None})
-    metrics = update_policy(new, inputs, targets, seed=3)
-    for p, q in zip(params(today), params(new), strict=True):
-        assert torch.equal(p, q)
-    assert metrics["loss"] == today.metrics["loss"] and metrics["optimizer_steps"] == 1.0
-    assert metrics["ratio_max"] == 1.0 and metrics["ratio_min"] == 1.0
-    # the behaviour logprobs of make_batch are made up, so they differ from the trainer's: k3 > 0
-    assert metrics["rollout/behaviour_kl_k3"] > 0.1 and metrics["rollout/behaviour_logprob_diff_max"] > 1.0
+    mask, adv, behaviour = targets["padding_mask"], targets["advantages"].double(), targets["old_logprobs"].double()
+    hand = copy.deepcopy(trainer.model)
+    lp = response_logprobs_by_hand(hand, inputs, mask, tok.pad_token_id)
+    n = mask.sum()
+    (-(adv[:, None] * torch.where(mask, lp, 0.0)).sum() / n).backward()
+    grads = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: grads.extend(p.grad.clone() for p in trainer.model.parameters()))
+    metrics = update_policy(trainer, inputs, targets, seed=3)
+    assert len(grads) == len(list(hand.parameters()))
+    for got, (name, p) in zip(grads, hand.named_parameters(), strict=True):
+        # float64 all through, but the fused head sums its weight's gradient in float32 (the tied embedding: ~1e-8)
+        torch.testing.assert_close(got, p.grad, rtol=1e-6, atol=1e-7, msg=name)
+    assert metrics["loss"] == pytest.approx(-(adv * mask.sum(-1)).sum().item() / n.item(), rel=1e-12)
+    assert metrics["optimizer_steps"] == 1.0 and metrics["ratio_max"] == 1.0 and metrics["ratio_min"] == 1.0
+    # the behaviour logprobs of make_batch are made up, far from the trainer's: the k3 mismatch by hand
+    delta = (lp.detach() - behaviour)[mask]
+    assert metrics["rollout/behaviour_kl_k3"] == pytest.approx((delta.exp() - 1 - delta).mean().item(), rel=1e-9)
+    assert metrics["rollout/behaviour_logprob_diff_max"] == pytest.approx(delta.abs().max().item(), rel=1e-9)
 
 
 def test_k_mini_batches_are_k_sequential_optimizer_steps_against_the_proximal_policy():
