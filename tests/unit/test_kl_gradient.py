@@ -126,10 +126,12 @@ def future_term() -> torch.Tensor:
 def expected_loss_gradient(name: str, estimator: str, kl_gradient: str, sampler: torch.Tensor,
                            old: torch.Tensor | None, behaviour: torch.Tensor | None) -> torch.Tensor:
     """E_{y ~ sampler}[∇ loss(y)] = Σ_y sampler(y) ∇ loss(y), each sequence one row of a loss's forward (advantages 0:
-    only its KL term; aggregation seq-mean-token-sum-norm with max_len 1: the row's token sum)."""
-    loss = get_loss(name, beta=1.0, kl_estimator=estimator, kl_gradient=kl_gradient,
-                    aggregation="seq-mean-token-sum-norm", max_len=1)
-    probs = token_logprobs(sampler).sum(-1).exp()
+    only its KL term; aggregation seq-mean-token-sum-norm with max_len 1: the row's token sum; a loss with a fixed
+    seq-mean-token-mean (GSPO) gives half of it, every row having two tokens)."""
+    options = {"aggregation": "seq-mean-token-sum-norm", "max_len": 1} \
+        if "aggregation" in constructor_signature(LOSSES[name])[1] else {}
+    loss = get_loss(name, beta=1.0, kl_estimator=estimator, kl_gradient=kl_gradient, **options)
+    probs = token_logprobs(sampler).sum(-1).exp() * (2.0 if loss.aggregation == "seq-mean-token-mean" else 1.0)
     ref, mask = token_logprobs(REF2), torch.ones(1, 2, dtype=torch.bool)
     extra = {} if behaviour is None else {"behaviour_logprobs": token_logprobs(behaviour)}
 
@@ -144,7 +146,7 @@ def expected_loss_gradient(name: str, estimator: str, kl_gradient: str, sampler:
     return gradient(objective)
 
 
-KL_LOSSES = ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "reinforce", "simple_grpo"]
+KL_LOSSES = ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "reinforce", "simple_grpo"]  # gspo*: once they take behaviour_logprobs
 
 
 @pytest.mark.parametrize("estimator", ["k1", "k3"])
