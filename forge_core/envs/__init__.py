@@ -3,7 +3,9 @@ built-in environments and the token layer that turns episodes into training samp
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 from forge_core.envs.base import STATUSES, EnvConfig, Environment, StepResult
 from forge_core.envs.calculator import CalculatorEnvironment
@@ -14,6 +16,7 @@ from forge_core.imports import import_object
 def make_openenv(**options):
     from forge_core.envs.openenv import OpenEnvEnvironment  # lazy: needs openenv-core
 
+    check_options(OpenEnvEnvironment, options, "openenv")
     return OpenEnvEnvironment(**options)
 
 
@@ -34,13 +37,26 @@ def environment_factory(name: str) -> Callable[..., Environment]:
                      "(listed under plugins:)")
 
 
+def check_options(factory: Callable[..., Any], options: dict[str, Any], name: str) -> None:
+    """ValueError when env.options do not fit the constructor's signature (checked before it runs, so that a
+    TypeError raised inside a constructor surfaces as the bug it is, never as a config error)."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a callable without an introspectable signature: its call is the check
+        return
+    try:
+        signature.bind(**options)
+    except TypeError as exc:
+        raise ValueError(f"env.options {sorted(options)} do not fit env.name {name!r} {signature}: {exc}; "
+                         "fix the keys under env.options") from exc
+
+
 def make_environment(config: EnvConfig) -> Environment:
     """A fresh environment of the configured kind (one per episode in flight)."""
-    try:
-        return environment_factory(config.name)(**config.options)
-    except TypeError as exc:
-        raise ValueError(f"env.options {sorted(config.options)} do not fit env.name {config.name!r}: {exc}") from exc
+    factory = environment_factory(config.name)
+    check_options(factory, config.options, config.name)
+    return factory(**config.options)
 
 
 __all__ = ["ENVIRONMENTS", "STATUSES", "CalculatorEnvironment", "EnvConfig", "Environment", "GuessEnvironment",
-           "StepResult", "environment_factory", "make_environment"]
+           "StepResult", "check_options", "environment_factory", "make_environment"]

@@ -84,8 +84,11 @@ class CalculatorEnvironment(ToolEnvironment):
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return system + [{"role": "user", "content": task.question}]
 
+    def judge(self, text: str) -> bool:
+        return answer_matches(text, self.task.target)
+
     def answer(self, text: str) -> float:
-        if answer_matches(text, self.task.target):
+        if self.judge(text):
             return 1.0
         return self.digit_credit * self.digits("", text, self.task.target) if self.digit_credit else 0.0
 

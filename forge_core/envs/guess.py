@@ -36,7 +36,7 @@ class GuessEnvironment:
         guess = int(found[-1])
         if guess == self.secret:
             self.solved = True
-            return StepResult(done=True, info={"status": "completed"})
+            return StepResult(done=True, info={"status": "completed", "solved": True})
         hint = "higher" if guess < self.secret else "lower"
         return StepResult([{"role": "user", "content": hint}], reward=-self.step_cost)
 

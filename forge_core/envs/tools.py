@@ -20,7 +20,7 @@ class ToolError(Exception):
 
 class ToolEnvironment:
     """Subclasses set `tools` (name -> callable taking the call's arguments, returning text) and `schemas`, and
-    write `opening(task, seed)` and `answer(text)`. Only the schemas of the tools in `tools` reach the model: an
+    write `opening(task, seed)`, `answer(text)` (the reward) and `judge(text)` (solved or not). Only the schemas of the tools in `tools` reach the model: an
     environment that takes a tool away (calculator's `allow_tools: false`) no longer shows it."""
 
     tools: dict[str, Callable[..., str]] = {}
@@ -40,16 +40,19 @@ class ToolEnvironment:
         try:
             calls = parse_tool_calls(text)
         except ToolCallError as exc:
-            return StepResult(done=True, reward=0.0, info={"status": "parse_error", "error": str(exc)})
+            return StepResult(done=True, reward=0.0, info={"status": "parse_error", "solved": False,
+                                                            "error": str(exc)})
         if not calls:
-            return StepResult(done=True, reward=self.answer(text), info={"status": "completed"})
+            verdict = self.judge(text)
+            info = {"status": "completed"} if verdict is None else {"status": "completed", "solved": verdict}
+            return StepResult(done=True, reward=self.answer(text), info=info)
         results, errors = [], 0
         for call in calls:
             tool = self.tools.get(call.name)
             if tool is None:
                 return StepResult(done=True, reward=0.0, info={
-                    "status": "unknown_tool", "error": f"unknown tool {call.name!r}; tools: {sorted(self.tools)}",
-                    "tool_calls": len(calls)})
+                    "status": "unknown_tool", "solved": False, "tool_calls": len(calls),
+                    "error": f"unknown tool {call.name!r}; tools: {sorted(self.tools)}"})
             try:
                 content = tool(**call.arguments)
             except (ToolError, TypeError) as exc:  # TypeError: arguments that do not fit the tool's signature
@@ -68,6 +71,11 @@ class ToolEnvironment:
 
     def answer(self, text: str) -> float:
         raise NotImplementedError
+
+    def judge(self, text: str) -> bool | None:
+        """Whether the final answer solves the task (StepResult.info["solved"]); None: no verdict, the episode's
+        outcome reward decides (forge_core/envs/base.py)."""
+        return None
 
 
 def answer_matches(text: str, target: str) -> bool:

@@ -281,3 +281,45 @@ def test_an_out_of_range_value_goes_back_to_the_model_as_an_error():
     result = env.step({"role": "assistant", "content": format_tool_call("calculate", expression="1e999-1e999")})
     assert not result.done and result.info["tool_errors"] == 1
     assert result.messages[0]["content"].startswith("error: ") and "nan" not in result.messages[0]["content"]
+
+
+def test_the_built_in_environments_give_their_verdict_when_an_episode_ends():
+    env = CalculatorEnvironment(digit_credit=0.5)
+    env.reset(PRODUCT, seed=0)
+    right, near = env.step({"content": "#### 1786"}), env.step({"content": "#### 1776"})
+    assert (right.reward, right.info["solved"]) == (1.0, True) and (near.reward, near.info["solved"]) == (0.375, False)
+    refused = CalculatorEnvironment(allow_tools=False)
+    refused.reset(PRODUCT, seed=0)
+    assert refused.step({"content": CALL}).info == {"status": "unknown_tool", "solved": False, "tool_calls": 1,
+                                                   "error": "unknown tool 'calculate'; tools: []"}
+    guess = GuessEnvironment(low=1, high=8, step_cost=0.1)
+    guess.reset(Problem("g", "", ""), seed=3)
+    assert guess.step({"content": str(guess.secret)}).info["solved"] is True
+
+
+class BuggyEnv(CalculatorEnvironment):
+    """Its constructor has a bug that raises TypeError, whatever the options."""
+
+    def __init__(self, digit_credit: float = 0.0):
+        super().__init__(digit_credit=digit_credit)
+        len(None)  # the bug
+
+
+def test_options_that_do_not_fit_the_constructor_are_a_config_error(monkeypatch):
+    from forge_core.envs import ENVIRONMENTS, make_environment
+
+    with pytest.raises(ValueError, match=r"env.options \['digit_creidt'\] do not fit env.name 'calculator'"):
+        make_environment(EnvConfig(name="calculator", options={"digit_creidt": 0.5}))
+    with pytest.raises(ValueError, match="do not fit env.name 'openenv'.*missing a required argument: 'url'"):
+        make_environment(EnvConfig(name="openenv", options={"action_field": "message"}))
+    monkeypatch.setitem(ENVIRONMENTS, "buggy", BuggyEnv)
+    with pytest.raises(ValueError, match="do not fit env.name 'buggy'"):
+        make_environment(EnvConfig(name="buggy", options={"low": 1}))
+
+
+def test_a_type_error_inside_a_constructor_surfaces_as_itself(monkeypatch):
+    from forge_core.envs import ENVIRONMENTS, make_environment
+
+    monkeypatch.setitem(ENVIRONMENTS, "buggy", BuggyEnv)
+    with pytest.raises(TypeError, match="has no len"):
+        make_environment(EnvConfig(name="buggy", options={"digit_credit": 0.5}))
