@@ -55,8 +55,9 @@ def plan_buckets(spec: list[list], limit: int) -> list[list[int]]:
 
 
 def nccl_group(store, rank: int, world_size: int, timeout: timedelta):
-    """A standalone NCCL group whose collectives give up after `timeout` (a dead peer then raises instead of
-    hanging the trainer's publish for NCCL's default of 10 minutes or more)."""
+    """A standalone NCCL group whose collectives give up after `timeout` instead of NCCL's default of 10 minutes or
+    more. Unlike gloo's, NCCL's wait does not raise: its watchdog then ends the process (TORCH_NCCL_ASYNC_ERROR_HANDLING
+    defaults to 3, tear down), which the worker pool handles as a lost worker."""
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout  # what init_process_group(timeout=…) sets on its NCCL backend too
     return dist.ProcessGroupNCCL(store, rank, world_size, options)
