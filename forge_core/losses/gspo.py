@@ -14,6 +14,7 @@ from forge_core.losses.base import (
     masked_fraction,
     masked_sum,
     ratio_metrics,
+    sampling_logprobs,
 )
 
 
@@ -52,9 +53,10 @@ class GSPOLoss(PolicyLoss):
         self.kl_gradient = kl_gradient
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None, behaviour_logprobs=None) -> torch.Tensor:
         """Scalar loss from [B, T] inputs; sequences without real tokens are excluded from the mean."""
-        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
+        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs,
+                            behaviour_logprobs=behaviour_logprobs)
         seq_lr, lengths = sequence_log_ratio(logprobs, old_logprobs, mask)
         adv = sequence_advantages(advantages, logprobs, mask)
         s = torch.exp(seq_lr)
@@ -71,7 +73,7 @@ class GSPOLoss(PolicyLoss):
         loss = masked_sum(per_seq, valid) / denom
         if ref_logprobs is not None or self.beta != 0.0:
             kl = self.add_kl(torch.zeros_like(logprobs), logprobs, ref_logprobs, mask, self.beta, self.kl_estimator,
-                                old_logprobs)
+                             sampling_logprobs(old_logprobs, behaviour_logprobs))
             loss = loss + self.reduce(kl, mask, num_tokens, num_seqs)
         return loss
 
@@ -82,9 +84,10 @@ class GSPOTokenLoss(GSPOLoss):
     sequence_level: ClassVar[bool] = False  # each token's term takes its own advantage (GSPO paper, GSPO-token)
 
     def forward(self, logprobs, ref_logprobs, advantages, padding_mask, old_logprobs=None, *,
-                num_tokens=None, num_seqs=None, token_weights=None) -> torch.Tensor:
+                num_tokens=None, num_seqs=None, token_weights=None, behaviour_logprobs=None) -> torch.Tensor:
         """Scalar loss; advantages may be per token [B, T]."""
-        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
+        mask = check_shapes(logprobs, padding_mask, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs,
+                            behaviour_logprobs=behaviour_logprobs)
         seq_lr, lengths = sequence_log_ratio(logprobs, old_logprobs, mask)
         s_tok = torch.exp(seq_lr.detach()).unsqueeze(-1) * torch.exp(log_ratio(logprobs, None, mask))
         adv = broadcast_advantages(advantages, logprobs)
@@ -97,5 +100,5 @@ class GSPOTokenLoss(GSPOLoss):
         }
         per_token = self.weigh(per_token, token_weights)
         per_token = self.add_kl(per_token, logprobs, ref_logprobs, mask, self.beta, self.kl_estimator,
-                                old_logprobs)
+                                sampling_logprobs(old_logprobs, behaviour_logprobs))
         return self.reduce(per_token, mask, num_tokens, num_seqs)

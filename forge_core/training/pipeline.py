@@ -160,7 +160,8 @@ class PipelineTrainer(Trainer):
         rows = lambda key: data[key][index] if key in data else None  # noqa: E731
         kept = data["mask"][index] & (rows("loss_mask").bool() if "loss_mask" in data else True)
         return self.micro_batch_loss(lp, ent, kept, rows("ref_logprobs"), rows("advantages"),
-                                     rows("old_logprobs"), num_tokens, num_seqs, totals, rows("token_weights"))
+                                     rows("old_logprobs"), num_tokens, num_seqs, totals, rows("token_weights"),
+                                     behaviour_logprobs=rows("behaviour_logprobs"))
 
     def _boundary_meta(self) -> tuple[tuple[torch.dtype, int], tuple[torch.dtype, int]]:
         """((dtype, last dim) of this stage's input, same of its output), found once by running each stage in

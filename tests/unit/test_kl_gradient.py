@@ -146,7 +146,7 @@ def expected_loss_gradient(name: str, estimator: str, kl_gradient: str, sampler:
     return gradient(objective)
 
 
-KL_LOSSES = ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "reinforce", "simple_grpo"]  # gspo*: once they take behaviour_logprobs
+KL_LOSSES = ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "reinforce", "simple_grpo", "gspo", "gspo_token"]
 
 
 @pytest.mark.parametrize("estimator", ["k1", "k3"])
