@@ -221,7 +221,7 @@ def test_the_env_section_is_checked_with_the_key_and_the_fix():
         load_config(calc, {"sft.tool_use": 1.5})
     with pytest.raises(ValueError, match=r"env.name = 'mypkg.envs:Maze' is an import path that the config file does not list"):
         load_config(calc, {"env.name": "mypkg.envs:Maze"})
-    with pytest.raises(ValueError, match=r"do not fit env.name 'openenv'.*missing 1 required positional argument: 'url'"):
+    with pytest.raises(ValueError, match=r"do not fit env.name 'openenv'.*missing a required argument: 'url'"):
         load_config(calc, {"env.name": "openenv", "env.options": {}})
     with pytest.raises(ValueError, match="env.options.url is empty"):
         load_config(calc, {"env.name": "openenv", "env.options": {"url": ""}})
