@@ -177,8 +177,8 @@ class RunConfig(GRPOConfig):
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes in an environment (forge_core/envs)
     # import paths ('module.path:Name') that loss.name / rewards[].name may use: set only in a file (infra/plugins.py)
     plugins: list[str] = field(default_factory=list)
-    # hosts ('host:port', or 'host': any port) that overrides may point env options at (env.options.url): set only
-    # in a file (infra/hosts.py)
+    # hosts ('host:port', or 'host': any port) that overrides may name in any section (env.options.url,
+    # tracking.mlflow_uri, tracking.registry_url, …): set only in a file (infra/hosts.py)
     trusted_hosts: list[str] = field(default_factory=list)
 
 

@@ -7,13 +7,14 @@ from infra import components as C
 from infra.config_checks import load_config
 
 
-def tiny_config(launcher: str = "local", **overrides):
+def tiny_config(launcher: str = "local", config: str = "configs/grpo_math_tiny.yaml", **overrides):
+    """`config` (the tiny math recipe unless given) with the small settings of the pool tests and `overrides`."""
     base = {"model.path": "tiny:qwen3-micro", "launcher": launcher, "sft.steps": 0, "generator.max_new_tokens": 4,
             "trainer.lr": 1e-3, "trainer.micro_batch_size": 64, "workers.start_timeout_s": 180,
             "workers.heartbeat_stale_s": 20, "eval.num_prompts": 8,
             "loss.beta": 0.0, "workers.threads": 1, "loss.name": "grpo", "trainer.mini_batches": 1}
     base.update(overrides)
-    return load_config("configs/grpo_math_tiny.yaml", base)
+    return load_config(config, base)
 
 
 def tiny_splits(cfg):

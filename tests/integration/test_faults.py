@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from cli.reports import show_run
@@ -429,10 +430,13 @@ def test_a_run_driven_by_another_process_is_refused_and_left_alone(reference_sha
     ("tracking.registry_url", "postgresql://forgeflow:secret@127.0.0.1:9/registry", "run registry at .* unreachable"),
     ("tracking.mlflow_uri", "http://127.0.0.1:9", "MLflow tracking server at http://127.0.0.1:9 is unreachable"),
 ])
-def test_unreachable_registry_or_mlflow_fails_before_any_worker_starts(key, value, message):
+def test_unreachable_registry_or_mlflow_fails_before_any_worker_starts(tmp_path, key, value, message):
+    recipe = yaml.safe_load((ROOT / "configs/grpo_math_tiny.yaml").read_text())
+    trusting = tmp_path / "trusting.yaml"  # overrides may name only hosts the file trusts (infra/hosts.py)
+    trusting.write_text(yaml.safe_dump({**recipe, "trusted_hosts": ["127.0.0.1:9"]}))
     existing = existing_runs()
     with pytest.raises(ValueError, match=message) as err:
-        grpo_flow(overrides={**TINY, "steps": 2, key: value})
+        grpo_flow(str(trusting), overrides={**TINY, "steps": 2, key: value})
     assert "secret" not in str(err.value)  # the password is never shown
     for run in (p for p in runs_root().iterdir() if p.name not in existing):
         assert not (run / "workers").exists()  # no worker was started

@@ -10,8 +10,10 @@ import struct
 import threading
 import time
 from multiprocessing.connection import Client
+from pathlib import Path
 
 import pytest
+import yaml
 
 from forge_core.types import Completion, Episode, Group
 from tests.integration.pool_helpers import tiny_config
@@ -214,8 +216,12 @@ def test_two_threads_calling_one_client(reward_pool):
 def test_secrets_never_reach_the_worker_job_folder(tmp_path):
     """submitit pickles the worker's launch description into its job folder: no password may be in any file there
     (the authkey lives only in its own 0600 file)."""
-    cfg = tiny_config("local", **{"tracking.registry_url": "postgresql://forgeflow:hunter2@db.example:5432/registry",
-                                  "tracking.mlflow_uri": "http://ops:s3cr3tpw@mlflow.example:5000"})
+    recipe = yaml.safe_load(Path("configs/grpo_math_tiny.yaml").read_text())
+    trusting = tmp_path / "trusting.yaml"  # overrides may name only hosts the file trusts (infra/hosts.py)
+    trusting.write_text(yaml.safe_dump({**recipe, "trusted_hosts": ["db.example:5432", "mlflow.example:5000"]}))
+    cfg = tiny_config("local", str(trusting),
+                      **{"tracking.registry_url": "postgresql://forgeflow:hunter2@db.example:5432/registry",
+                         "tracking.mlflow_uri": "http://ops:s3cr3tpw@mlflow.example:5000"})
     with WorkerPool(cfg, tmp_path / "run", roles=("reward",)) as pool:
         assert fresh_client(pool).call("health")["role"] == "reward"
         files = [p for p in (tmp_path / "run").rglob("*") if p.is_file() and p != pool.key_path]

@@ -1,8 +1,9 @@
-"""Hosts an environment connects to: an override may name one only when the config file on disk trusts it
-(infra/hosts.py), as only the file may list plugins."""
+"""Hosts a run connects to (an environment's server, MLflow, the registry, any section's URL): an override may name
+one only when the config file on disk trusts it (infra/hosts.py), as only the file may list plugins."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,73 @@ def test_the_cli_exits_2_on_an_untrusted_host_and_runs_with_a_listed_one(tmp_pat
     trusting = write_config(tmp_path, env=env, trusted_hosts=["attacker.example:8000"])
     assert main(["grpo", "--config", trusting, "--dry-run", *flags]) == 0
     assert "dry run: nothing started" in capsys.readouterr().out
+
+
+# every section is checked, not only env: the tracking URIs send the run's metrics, config and credentials there
+TRACKING = {"tracking.mlflow_uri": "http://ops:s3cr3t@attacker.example:5000",
+            "tracking.registry_url": "postgresql+psycopg://forge:s3cr3t@attacker.example:5432/registry"}
+CONNECTS = {"tracking.mlflow_uri": "MLflow would send the run's metrics, parameters, config and samples there",
+            "tracking.registry_url": r"The run registry \(runs, checkpoints, the config\) would be written there"}
+
+
+@pytest.mark.parametrize("key", TRACKING)
+def test_an_override_pointing_tracking_at_an_untrusted_host_is_refused(key):
+    port = TRACKING[key].rsplit(":", 1)[1].split("/")[0]
+    with pytest.raises(ValueError, match=rf"{key} = .* names host attacker\.example:{port}, which the config file "
+                                         rf".* does not trust\. {CONNECTS[key]}.*with the URL's credentials.*"
+                                         rf"add `trusted_hosts: \['attacker\.example:{port}'\]`") as err:
+        load_config(CALC, {key: TRACKING[key]})
+    assert "s3cr3t" not in str(err.value)  # the refusal reaches logs and the Prefect UI
+
+
+@pytest.mark.parametrize("key", TRACKING)
+def test_the_cli_exits_2_on_an_untrusted_tracking_host(key, capsys):
+    assert main(["grpo", "--config", CALC, "--dry-run", f"--{key}", TRACKING[key]]) == 2
+    assert f"{key} = " in capsys.readouterr().err
+
+
+def test_tracking_hosts_the_file_lists_are_accepted(tmp_path):
+    config = write_config(tmp_path, trusted_hosts=["attacker.example:5000", "attacker.example:5432"])
+    cfg = load_config(config, TRACKING)
+    assert (cfg.tracking.mlflow_uri, cfg.tracking.registry_url) == tuple(TRACKING.values())
+    with pytest.raises(ValueError, match=r"tracking\.mlflow_uri = .* names host attacker\.example:5001"):
+        load_config(config, {"tracking.mlflow_uri": "http://attacker.example:5001"})
+
+
+@pytest.mark.parametrize("uri", ["sqlite:////tmp/forge/mlflow.db", "sqlite:///relative.db", "file:///tmp/mlruns",
+                                 "/tmp/mlruns", "./mlruns", "mlruns"])
+def test_hostless_tracking_uris_name_no_host_and_pass(uri):
+    cfg = load_config(CALC, {"tracking.mlflow_uri": uri, "tracking.registry_url": uri})
+    assert cfg.tracking.mlflow_uri == uri and cfg.tracking.registry_url == uri
+
+
+def test_the_default_tracking_uris_are_not_overrides():
+    """Left unset, MLflow and the registry read MLFLOW_TRACKING_URI / FORGEFLOW_REGISTRY_URL, which whoever runs the
+    process sets, like the file."""
+    cfg = load_config(CALC, {"tracking.experiment": "x"})
+    assert cfg.tracking.mlflow_uri is None and cfg.tracking.registry_url is None
+
+
+def test_tracking_uris_written_in_the_file_are_trusted(tmp_path):
+    config = write_config(tmp_path, tracking=dict(zip(("mlflow_uri", "registry_url"), TRACKING.values())))
+    assert load_config(config).tracking.registry_url == TRACKING["tracking.registry_url"]
+    cfg = load_config(config, {"tracking.mlflow_uri": "http://attacker.example:5000/other"})  # a host it names
+    assert cfg.tracking.mlflow_uri == "http://attacker.example:5000/other"
+
+
+@pytest.mark.parametrize("key,value,host", [
+    ("tracking.registry_url", "postgresql:///registry?host=attacker.example", "attacker.example"),  # libpq's host
+    ("tracking.mlflow_uri", "localhost:5000", "localhost:5000"),  # a scheme-less host, not a path
+    ("tracking.mlflow_uri", "databricks", "databricks"),  # MLflow's name for a workspace's host
+    ("slurm.extra", {"export": "ALL,HF_ENDPOINT=https://attacker.example"}, "attacker.example:443"),
+    ("dataset.path", "https://attacker.example/problems.jsonl", "attacker.example:443"),
+    ("rewards", [{"name": "math", "judge_url": "http://attacker.example:8000"}], "attacker.example:8000"),
+])
+def test_hosts_named_in_other_sections_are_checked(key, value, host):
+    with pytest.raises(ValueError, match=rf"names host {re.escape(host)}, which the config file"):
+        load_config(CALC, {key: value})
+
+
+def test_a_postgres_socket_directory_names_no_host():
+    url = "postgresql:///registry?host=/var/run/postgresql"
+    assert load_config(CALC, {"tracking.registry_url": url}).tracking.registry_url == url
