@@ -27,7 +27,7 @@ from forge_core.recipes.config import EvalConfig, GRPOConfig
 from forge_core.training.config import SFTConfig, TrainerConfig
 from forge_core.training.correction import LEVELS, MODES, RolloutCorrection
 from infra.hosts import refuse_host_overrides, refuse_untrusted_hosts
-from infra.plugins import refuse_plugin_overrides
+from infra.plugins import check_sbatch_values, refuse_plugin_overrides, refuse_sbatch_overrides
 
 
 @dataclass
@@ -340,10 +340,12 @@ def read_config(path: str | Path | None = None, overrides: dict[str, Any] | list
     if overrides:
         refuse_plugin_overrides(overrides, where)
         refuse_host_overrides(overrides, where)
+        refuse_sbatch_overrides(overrides, where)
         data = apply_overrides(data, overrides)
         where += " + overrides"
     if isinstance(data, dict):  # (a file that is not a mapping is refused by from_dict)
         refuse_untrusted_hosts(file_data, data, where, file)
+        check_sbatch_values(data.get("slurm"), where)
     return from_dict(RunConfig, imply_paired_names(data), where)
 
 

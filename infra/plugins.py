@@ -29,6 +29,35 @@ def refuse_plugin_overrides(overrides: dict[str, Any], where: str) -> None:
                              "(`plugins: ['mypkg.losses:MyLoss']`); overrides may then name them")
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def refuse_sbatch_overrides(overrides: dict[str, Any], where: str) -> None:
+    """Overrides cannot add sbatch options (`slurm.extra`): `export=LD_PRELOAD=…`, `chdir`, `wrap` and the like choose
+    what runs on the cluster, so only the file on disk may write them (the other slurm keys stay overridable)."""
+    for key, value in overrides.items():
+        extra = key == "slurm.extra" or key.startswith("slurm.extra.")
+        if extra or (key == "slurm" and isinstance(value, dict) and "extra" in value):
+            raise ValueError(f"{where}: override {key!r} is refused: slurm.extra holds raw sbatch options, which "
+                             "choose what runs on the cluster, so only the YAML config file on disk may write them "
+                             "(`slurm: {extra: {constraint: a100}}`)")
+
+
+def check_sbatch_values(slurm: Any, where: str) -> None:
+    """No slurm value (sbatch options, `extra` keys and values) holds a newline or other control character: submitit
+    writes each as one `#SBATCH` line, and a newline would start a shell line of the job script."""
+    if not isinstance(slurm, dict):
+        return
+    pairs = [(f"slurm.{k}", v) for k, v in slurm.items() if k != "extra"]
+    extra = slurm.get("extra") or {}
+    pairs += [(f"slurm.extra.{k}", v) for k, v in extra.items()] if isinstance(extra, dict) else []
+    pairs += [(f"slurm.extra key {k!r}", k) for k in extra] if isinstance(extra, dict) else []
+    for key, value in pairs:
+        if isinstance(value, str) and CONTROL.search(value):
+            raise ValueError(f"{where}: {key} = {value!r} holds a newline or control character, which would end its "
+                             "#SBATCH line and run the rest as shell; write it on one line")
+
+
 def check_plugin_list(plugins: list, where: str) -> None:
     """Every `plugins:` entry is a `module.path:Name` string."""
     if not isinstance(plugins, list):

@@ -180,7 +180,6 @@ def test_tracking_uris_written_in_the_file_are_trusted(tmp_path):
     ("tracking.registry_url", "postgresql:///registry?host=attacker.example", "attacker.example"),  # libpq's host
     ("tracking.mlflow_uri", "localhost:5000", "localhost:5000"),  # a scheme-less host, not a path
     ("tracking.mlflow_uri", "databricks", "databricks"),  # MLflow's name for a workspace's host
-    ("slurm.extra", {"export": "ALL,HF_ENDPOINT=https://attacker.example"}, "attacker.example:443"),
     ("dataset.path", "https://attacker.example/problems.jsonl", "attacker.example:443"),
     ("rewards", [{"name": "math", "judge_url": "http://attacker.example:8000"}], "attacker.example:8000"),
 ])
