@@ -26,8 +26,8 @@ from forge_core.losses import implied_advantage
 from forge_core.recipes.config import EvalConfig, GRPOConfig
 from forge_core.training.config import SFTConfig, TrainerConfig
 from forge_core.training.correction import LEVELS, MODES, RolloutCorrection
-from infra.hosts import refuse_host_overrides, refuse_untrusted_hosts
-from infra.plugins import check_sbatch_values, refuse_plugin_overrides, refuse_sbatch_overrides
+from infra.hosts import refuse_untrusted_hosts
+from infra.plugins import check_sbatch_values, refuse_file_only_overrides
 
 
 @dataclass
@@ -338,9 +338,7 @@ def read_config(path: str | Path | None = None, overrides: dict[str, Any] | list
         overrides = parse_overrides(overrides)
     file_data, file = data, (where if path is not None else None)
     if overrides:
-        refuse_plugin_overrides(overrides, where)
-        refuse_host_overrides(overrides, where)
-        refuse_sbatch_overrides(overrides, where)
+        refuse_file_only_overrides(overrides, where)
         data = apply_overrides(data, overrides)
         where += " + overrides"
     if isinstance(data, dict):  # (a file that is not a mapping is refused by from_dict)

@@ -150,15 +150,6 @@ def is_local_path(named: Named) -> bool:
             and named.value.lower() not in WORKSPACES)
 
 
-def refuse_host_overrides(overrides: dict[str, Any], where: str) -> None:
-    """Overrides (CLI flags, flow and deployment parameters, sweep grids) cannot list trusted hosts: only a file can."""
-    for key in overrides:
-        if key == "trusted_hosts" or key.startswith("trusted_hosts."):
-            raise ValueError(f"{where}: override {key!r} is refused: trusted_hosts (the hosts a run may be pointed "
-                             "at) can only be listed in the YAML config file on disk "
-                             "(`trusted_hosts: ['127.0.0.1:8000']`); overrides may then name them")
-
-
 def listed_hosts(data: dict, where: str) -> list[Host]:
     """The entries of a config file's top-level `trusted_hosts:` list, checked."""
     entries = data.get("trusted_hosts") or []

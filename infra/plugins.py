@@ -20,27 +20,40 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
-def refuse_plugin_overrides(overrides: dict[str, Any], where: str) -> None:
-    """Overrides (CLI flags, flow parameters, sweep grids) cannot list plugins: only a file on disk can."""
-    for key in overrides:
-        if key == "plugins" or key.startswith("plugins."):
-            raise ValueError(f"{where}: override {key!r} is refused: plugins (import paths of custom losses and "
-                             "rewards) run code, so they can only be listed in the YAML config file on disk "
-                             "(`plugins: ['mypkg.losses:MyLoss']`); overrides may then name them")
-
-
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def refuse_sbatch_overrides(overrides: dict[str, Any], where: str) -> None:
-    """Overrides cannot add sbatch options (`slurm.extra`): `export=LD_PRELOAD=…`, `chdir`, `wrap` and the like choose
-    what runs on the cluster, so only the file on disk may write them (the other slurm keys stay overridable)."""
-    for key, value in overrides.items():
-        extra = key == "slurm.extra" or key.startswith("slurm.extra.")
-        if extra or (key == "slurm" and isinstance(value, dict) and "extra" in value):
-            raise ValueError(f"{where}: override {key!r} is refused: slurm.extra holds raw sbatch options, which "
-                             "choose what runs on the cluster, so only the YAML config file on disk may write them "
-                             "(`slurm: {extra: {constraint: a100}}`)")
+# keys only the config file on disk may write, and why: overrides (CLI flags, flow and deployment parameters, sweep
+# grids) reach a run from places that must not run code or choose where it connects
+FILE_ONLY = {
+    "plugins": "plugins (import paths of custom losses and rewards) run code, so they can only be listed in the YAML "
+               "config file on disk (`plugins: ['mypkg.losses:MyLoss']`); overrides may then name them",
+    "trusted_hosts": "trusted_hosts (the hosts a run may be pointed at) can only be listed in the YAML config file on "
+                     "disk (`trusted_hosts: ['127.0.0.1:8000']`); overrides may then name them",
+    "slurm.extra": "slurm.extra holds raw sbatch options (`export=LD_PRELOAD=…`, `chdir`, `wrap`), which choose what "
+                   "runs on the cluster, so only the YAML config file on disk may write them "
+                   "(`slurm: {extra: {constraint: a100}}`)",
+}
+
+
+def sets_key(override: str, value: Any, key: str) -> bool:
+    """Whether the override `override: value` sets dotted `key` or something inside it (`slurm: {extra: …}` too)."""
+    if override == key or override.startswith(key + "."):
+        return True
+    rest = key[len(override) + 1:].split(".") if key.startswith(override + ".") else None
+    for part in rest or ():
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return rest is not None
+
+
+def refuse_file_only_overrides(overrides: dict[str, Any], where: str) -> None:
+    """ValueError for an override of a key in FILE_ONLY (plugins, trusted_hosts, slurm.extra), naming the fix."""
+    for override, value in overrides.items():
+        for key, why in FILE_ONLY.items():
+            if sets_key(override, value, key):
+                raise ValueError(f"{where}: override {override!r} is refused: {why}")
 
 
 def check_sbatch_values(slurm: Any, where: str) -> None:

@@ -6,6 +6,7 @@ from forge_core.losses import get_loss
 from forge_core.models import load_model_and_tokenizer
 from forge_core.training import Trainer, TrainerConfig, episodes_to_train_inputs
 from forge_core.types import Episode
+from tests.unit.graph_capture_stand_in import count_captures
 
 PROMPTS = ["Q: 1+2=", "Q: 12+34=", "7-3=", "Q: 99-100=-"]
 
@@ -258,23 +259,7 @@ def test_decode_graphs_are_captured_once_per_generator_not_once_per_chunk(model_
     buffers) counts captures; the samples equal the fixed-shape decoder without graphs."""
     from forge_core.generation import decoder
 
-    captured = []
-
-    class StandInGraph:
-        def __init__(self, dec, static_tokens, kv_len):
-            self.dec, self.static_tokens, self.kv_len = dec, static_tokens, kv_len
-            self.logits = None
-
-        def replay(self):
-            self.logits.copy_(self.dec.step(self.static_tokens, self.kv_len))
-
-    def capture(self, tokens, kv_len):
-        captured.append((tokens.shape[0], kv_len))
-        graph = StandInGraph(self.decoder, tokens.clone(), kv_len)
-        graph.logits = self.decoder.step(graph.static_tokens, kv_len).clone()
-        return graph, graph.static_tokens, graph.logits
-
-    monkeypatch.setattr(decoder.DecodeGraphs, "capture", capture)
+    captured = count_captures(monkeypatch)
     monkeypatch.setattr(decoder, "LENGTH_BUCKET", 4)
     model, tok = model_and_tok
     handle = boost_eos(model, tok, 2.0)

@@ -7,6 +7,7 @@ import pytest
 from forge_core.generation import SamplingParams, TorchGenerator
 from forge_core.generation.kv_budget import kv_bytes_per_token, plan_chunks
 from forge_core.models import load_model_and_tokenizer
+from tests.unit.graph_capture_stand_in import count_captures
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=8)
 
@@ -59,31 +60,6 @@ def held_kv_bytes(decoder) -> int:
         tensors += [arena["k"], arena["v"]] if isinstance(arena, dict) else [arena.k, arena.v]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t is not None}
     return sum(storages.values())
-
-
-def count_captures(monkeypatch) -> list:
-    """A stand-in for CUDA graph capture on CPU (its replay runs the step on the same buffers); returns the list
-    of (rows, attended length) each capture appends to."""
-    from forge_core.generation import decoder
-
-    captured = []
-
-    class StandInGraph:
-        def __init__(self, dec, static_tokens, kv_len):
-            self.dec, self.static_tokens, self.kv_len = dec, static_tokens, kv_len
-            self.logits = None
-
-        def replay(self):
-            self.logits.copy_(self.dec.step(self.static_tokens, self.kv_len))
-
-    def capture(self, tokens, kv_len):
-        captured.append((tokens.shape[0], kv_len))
-        graph = StandInGraph(self.decoder, tokens.clone(), kv_len)
-        graph.logits = self.decoder.step(graph.static_tokens, kv_len).clone()
-        return graph, graph.static_tokens, graph.logits
-
-    monkeypatch.setattr(decoder.DecodeGraphs, "capture", capture)
-    return captured
 
 
 def generate_measuring(gen, prompts, n, seed, monkeypatch) -> tuple[list, list[int]]:
