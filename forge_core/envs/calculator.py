@@ -76,8 +76,8 @@ class CalculatorEnvironment(ToolEnvironment):
                              f"1.0), got {digit_credit}")
         self.digit_credit = digit_credit
         self.tools = {"calculate": calculate} if allow_tools else {}
-        # the system message: system_prompt, then how to call the tool only while there is one to call
-        self.system_prompt = "\n".join(p for p in (system_prompt, tool_prompt if allow_tools else "") if p)
+        # the system message: how to call the tool (only while there is one to call), then system_prompt
+        self.system_prompt = "\n".join(p for p in (tool_prompt if allow_tools else "", system_prompt) if p)
         self.digits = DigitMatchReward(("gsm8k", "last_number"))
 
     def opening(self, task, seed: int) -> list[Message]:

@@ -264,7 +264,7 @@ def test_the_tool_prompt_is_shown_only_with_the_tool():
     howto = f"To use the calculator write {CALL}"
     with_tool = opening_prompt(CalculatorEnvironment(system_prompt="Be brief.", tool_prompt=howto))
     alone = opening_prompt(CalculatorEnvironment(system_prompt="Be brief.", tool_prompt=howto, allow_tools=False))
-    assert with_tool.messages[0] == {"role": "system", "content": f"Be brief.\n{howto}"}
+    assert with_tool.messages[0] == {"role": "system", "content": f"{howto}\nBe brief."}
     assert alone.messages[0] == {"role": "system", "content": "Be brief."}
     assert "<tool_call>" not in alone.text and "calculate" not in alone.text
 
