@@ -92,7 +92,7 @@ def env_inputs(env) -> dict | None:
 
 
 # read by RL only: how many env workers play episodes, and how rewards become advantages
-RL_ONLY_ENV_KEYS = ("num_replicas", "credit")
+RL_ONLY_ENV_KEYS = ("num_replicas", "credit", "step_threads")
 
 
 def module_digest(module: str) -> str | None:

@@ -31,6 +31,11 @@ class EnvWorker(Worker):
         self.calls += 1
         return self.envs.step(items)
 
+    def shutdown(self) -> bool:
+        """Close every environment still open (OpenEnv sessions among them) and stop the env threads."""
+        self.envs.close()
+        return super().shutdown()
+
     def finish_envs(self, keys: list[int]) -> list[float]:
         self.calls += 1
         return self.envs.finish(keys)

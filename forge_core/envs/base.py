@@ -69,6 +69,7 @@ class EnvConfig:
     max_tokens: int = 256  # tokens of an episode after its first prompt (generated and inserted)
     step_timeout_s: float = 10.0  # one env.step longer than this ends the episode as `timeout`
     num_replicas: int = 1  # env worker processes of a run on workers (episode k plays on replica k % replicas)
+    step_threads: int = 8  # environment calls of a batch that run at once per runner (forge_core/envs/runner.py)
     # episode: per-turn rewards are summed into the episode's return, and every generated token gets its advantage;
     # turn: each turn's tokens get the advantage of the reward from that turn on, against the group's episodes at
     # the same turn (forge_core/advantages.py, turn_advantages)
@@ -83,6 +84,8 @@ class EnvConfig:
             raise ValueError(f"{where}.max_tokens must be >= 1, got {self.max_tokens}")
         if self.num_replicas < 1:
             raise ValueError(f"{where}.num_replicas must be >= 1, got {self.num_replicas}")
+        if self.step_threads < 1:
+            raise ValueError(f"{where}.step_threads must be >= 1, got {self.step_threads}")
         if self.step_timeout_s <= 0:
             raise ValueError(f"{where}.step_timeout_s must be > 0 seconds, got {self.step_timeout_s}")
         if self.credit not in CREDITS:

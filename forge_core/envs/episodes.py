@@ -286,8 +286,10 @@ def sample_env_groups(generator, problems: Sequence[Any], group_size: int, seed:
     """`group_size` episodes of `config`'s environment per problem, played in one batch; episode j of the problem
     with key k samples from stream k * group_size + j and every episode of a group resets with the same seed, so a
     group compares G attempts at one task (whichever replica plays it). `envs`: where the environments run
-    (default: LocalEnvs, in this process)."""
-    envs = envs if envs is not None else LocalEnvs(config)
+    (default: LocalEnvs, in this process, closed at the end)."""
+    if envs is None:
+        with LocalEnvs(config) as own:
+            return sample_env_groups(generator, problems, group_size, seed, params, config, prompt_keys, own)
     renderer = ChatRenderer(generator.tokenizer)
     keys = list(range(len(problems))) if prompt_keys is None else list(prompt_keys)
     runs = start_episodes([(problem, (seed + key) % (2**31 - 1), key * group_size + j)

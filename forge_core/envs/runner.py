@@ -24,9 +24,6 @@ from forge_core.envs.base import EnvConfig, Environment, Message, StepResult
 
 log = logging.getLogger(__name__)
 
-STEP_THREADS = 8  # env.step_threads when EnvConfig does not declare it: the calls of a batch that run at once
-
-
 class StepPool:
     """`size` daemon threads running environment calls. A call abandoned at its deadline keeps its thread (a hung
     environment cannot be interrupted from Python, only abandoned) and a new thread takes its place, so hangs never
@@ -147,7 +144,7 @@ class LocalEnvs:
         self.envs: dict[int, Environment] = {}
         self.failed: set[int] = set()  # episodes whose environment errored or hung: no final reward, no more calls
         self.hung: dict[int, Future] = {}  # episodes with a call still running past its deadline
-        self.pool = StepPool(threads if threads is not None else getattr(config, "step_threads", STEP_THREADS))
+        self.pool = StepPool(threads if threads is not None else config.step_threads)
         weakref.finalize(self, self.pool.close)  # a runner dropped without close() still stops its idle threads
 
     def __enter__(self) -> LocalEnvs:

@@ -179,3 +179,16 @@ def test_a_reset_that_hangs_raises_and_its_environment_is_closed_when_it_returns
     assert not env.closed.is_set()
     release.set()
     assert env.closed.wait(120) and sessions.open == 0
+
+
+def test_an_env_worker_that_shuts_down_closes_its_open_environments():
+    from infra.config_checks import load_config
+    from workers.env import EnvWorker
+
+    sessions = Sessions()
+    worker = EnvWorker(load_config("configs/grpo_calculator_tool.yaml"), threads=1)
+    worker.envs.make = lambda key: SessionEnv(sessions)
+    worker.reset_envs([(key, TASK, 7) for key in range(3)])  # a rollout the controller abandoned mid-episode
+    assert sessions.open == 3
+    assert worker.shutdown() is True
+    assert sessions.open == 0 and worker.envs.pool.closed
