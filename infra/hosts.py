@@ -45,7 +45,7 @@ from urllib.parse import parse_qsl, urlsplit
 URL = re.compile(r"^[A-Za-z][\w+.-]*:[/\\]")  # a scheme and a slash (or what some parsers read as one)
 SCHEME = re.compile(r"^[A-Za-z][\w+.-]+:")  # two letters at least: `C:\…` is a Windows path
 EMBEDDED = re.compile(r"[=,]([A-Za-z][\w+.-]*://[^,\s]*)")  # `KEY=scheme://…` inside a string
-PATH = re.compile(r"^(/|\.\.?/|~)")
+PATH = re.compile(r"^(/(?!/)|\.\.?/|~)")  # not "//host": a scheme-relative URL names a host
 # keys whose value is a host (with or without a scheme); any value that is a URL names one too
 HOST_KEYS = ("url", "urls", "uri", "host", "hosts", "hostname", "hostaddr", "endpoint", "address", "server")
 HOST_SUFFIXES = ("_url", "_urls", "_uri", "_host", "_hosts", "_endpoint", "_address", "_server")

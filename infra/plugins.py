@@ -56,15 +56,23 @@ def refuse_file_only_overrides(overrides: dict[str, Any], where: str) -> None:
                 raise ValueError(f"{where}: override {override!r} is refused: {why}")
 
 
+SBATCH_WORD = re.compile(r"^[A-Za-z0-9_.,:+@%-]+$")  # a partition, account, qos, mem or time: one word, no space
+
+
 def check_sbatch_values(slurm: Any, where: str) -> None:
-    """No slurm value (sbatch options, `extra` keys and values) holds a newline or other control character: submitit
-    writes each as one `#SBATCH` line, and a newline would start a shell line of the job script."""
+    """The slurm values submitit and the sbatch plan write as `#SBATCH --key=value` lines stay one option each:
+    partition, account, qos, mem and time are single words (sbatch reads every option on an #SBATCH line, so a
+    space would add one: `gpu --export=LD_PRELOAD=…`), and no `extra` key or value holds a newline or control
+    character (it would end the line and run the rest as shell)."""
     if not isinstance(slurm, dict):
         return
-    pairs = [(f"slurm.{k}", v) for k, v in slurm.items() if k != "extra"]
+    for key, value in slurm.items():
+        if key != "extra" and isinstance(value, str) and not SBATCH_WORD.match(value):
+            raise ValueError(f"{where}: slurm.{key} = {value!r} is not one word (letters, digits and _.,:+@%- only): "
+                             "a space or line break would add sbatch options; write e.g. slurm.partition: gpu")
     extra = slurm.get("extra") or {}
-    pairs += [(f"slurm.extra.{k}", v) for k, v in extra.items()] if isinstance(extra, dict) else []
-    pairs += [(f"slurm.extra key {k!r}", k) for k in extra] if isinstance(extra, dict) else []
+    pairs = [(f"slurm.extra.{k}", v) for k, v in extra.items()] + [(f"slurm.extra key {k!r}", k) for k in extra] \
+        if isinstance(extra, dict) else []
     for key, value in pairs:
         if isinstance(value, str) and CONTROL.search(value):
             raise ValueError(f"{where}: {key} = {value!r} holds a newline or control character, which would end its "

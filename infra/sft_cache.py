@@ -127,17 +127,22 @@ def hub_revision(repo_id: str) -> str | None:
     return Path(found).parent.name if isinstance(found, str) else None
 
 
+RACY_NS = 2_000_000_000  # a file changed this recently is hashed again next time (coarse mtimes: NFS, Lustre)
+
+
 def remembered_sha256(path: Path) -> str:
-    """A file's sha256, remembered in FORGEFLOW_HOME/cache/file_digests.json under its path, size and mtime: a
-    model's weights are read once per change, not at every run's start (as git's index and DVC do)."""
+    """A file's sha256, remembered in FORGEFLOW_HOME/cache/file_digests.json under its path, size, inode, mtime and
+    ctime: a model's weights are read once per change, not at every run's start (as git's index and DVC do)."""
     stat = path.stat()
     memo_file = forgeflow_home() / "cache" / "file_digests.json"
     memo = json.loads(memo_file.read_text()) if memo_file.is_file() else {}
-    stamp = [stat.st_size, stat.st_mtime_ns]
+    stamp = [stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns]
     entry = memo.get(str(path.resolve()))
-    if entry is not None and entry[:2] == stamp:
-        return entry[2]
+    if entry is not None and entry[:-1] == stamp:
+        return entry[-1]
     digest = file_sha256(path)
+    if time.time_ns() - max(stat.st_mtime_ns, stat.st_ctime_ns) < RACY_NS:
+        return digest  # git's "racy" case: a same-size rewrite within the clock's granularity would look unchanged
     memo[str(path.resolve())] = [*stamp, digest]
     memo_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = memo_file.with_name(f".{memo_file.name}.tmp-{os.getpid()}")

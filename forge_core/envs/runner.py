@@ -2,8 +2,10 @@
 episodes' keys. LocalEnvs runs them in this process; workers/env.py serves the same calls from env worker
 processes (workers/episodes.py: RemoteEnvs), so the token layer plays episodes the same way wherever they run.
 
-The calls of one batch run at once on a bounded pool of threads (env.step_threads) under one deadline
-(env.step_timeout_s): N hung environments cost one timeout, not N. A failing or hanging step, or final_reward, never
+The calls of one batch run at once on a bounded pool of threads (env.step_threads); each call has env.step_timeout_s
+from the moment a thread starts it (time spent queued behind other calls does not count, so a batch larger than the
+pool never times out calls that are merely waiting). A hung call is abandoned at its deadline and its thread
+replaced: N hung environments cost ceil(N / step_threads) timeouts, not N. A failing or hanging step, or final_reward, never
 raises here: it ends that episode with status `error` or `timeout` (final reward 0). Every environment is closed:
 when its episode finishes, when a retried rollout resets its key again, when the runner closes, and one whose call
 hung when that call returns.
@@ -14,9 +16,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +52,9 @@ class StepPool:
     def _serve(self) -> None:
         while (job := self.jobs.get()) is not None:
             future, fn, args = job
+            future.started_at = time.monotonic()  # the call's deadline counts from here (call_all)
             if not future.set_running_or_notify_cancel():
-                continue  # cancelled while queued: its deadline passed before a thread was free
+                continue  # cancelled while queued (its runner closed)
             try:
                 future.set_result(fn(*args))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller, which ends the episode with it
@@ -103,23 +107,39 @@ class Outcome:
 
 
 def call_all(pool: StepPool, calls: list[tuple[Callable, tuple]], timeout_s: float) -> list[Outcome]:
-    """Every (fn, args) submitted at once, then one deadline for all: a call not finished by it is abandoned."""
+    """Every (fn, args) submitted at once; a call still running timeout_s after a thread started it is abandoned
+    (queued time does not count)."""
     futures = [pool.submit(fn, *args) for fn, args in calls]
-    wait(futures, timeout=timeout_s)
-    late = [future for future in futures if not future.done()]
-    for future in late:  # the calls still queued never start (before any hung thread is replaced, which would)
-        future.cancel()
-    for future in late:
-        pool.abandon(future)
-    outcomes = []
-    for future in futures:
-        if future in late:
-            outcomes.append(Outcome(running=future))
-        elif future.exception() is not None:
-            outcomes.append(Outcome(error=future.exception()))
-        else:
-            outcomes.append(Outcome(value=future.result()))
-    return outcomes
+    pending, late = set(futures), set()
+    while pending:
+        wait(pending, timeout=seconds_to_next_deadline(pending, timeout_s), return_when=FIRST_COMPLETED)
+        now = time.monotonic()
+        expired = {f for f in pending if not f.done() and now - getattr(f, "started_at", now) >= timeout_s}
+        for future in expired:
+            pool.abandon(future)
+        late |= expired
+        pending = {f for f in pending if not f.done()} - expired
+    return [outcome_of(future, future in late) for future in futures]
+
+
+QUEUED_POLL_S = 0.05  # while calls are queued, look this often: one may start (and its deadline with it) meanwhile
+
+
+def seconds_to_next_deadline(pending: set[Future], timeout_s: float) -> float:
+    """How long to wait for `pending`: until the earliest started call's deadline, at most QUEUED_POLL_S while
+    some call is still queued."""
+    starts = [f.started_at for f in pending if hasattr(f, "started_at")]
+    wait_s = max(0.0, min(starts) + timeout_s - time.monotonic()) if starts else timeout_s
+    return min(wait_s, QUEUED_POLL_S) if len(starts) < len(pending) else wait_s
+
+
+def outcome_of(future: Future, timed_out: bool) -> Outcome:
+    """The Outcome of a finished call, or of one abandoned at its deadline."""
+    if timed_out:
+        return Outcome(running=future)
+    if future.exception() is not None:
+        return Outcome(error=future.exception())
+    return Outcome(value=future.result())
 
 
 def close_quietly(env: Environment) -> None:

@@ -106,7 +106,14 @@ def import_is_current(out: Path, gguf: Path) -> bool:
     if [marker.get("source"), marker.get("source_size"), marker.get("source_mtime_ns")] == [
             str(gguf), stat.st_size, stat.st_mtime_ns]:
         return True
-    return sha256_file(gguf) == marker.get("source_sha256")
+    if sha256_file(gguf) != marker.get("source_sha256"):
+        return False
+    # the same bytes under a new path or mtime: remember them, so that later loads need not read the file again
+    marker.update(source=str(gguf), source_size=stat.st_size, source_mtime_ns=stat.st_mtime_ns)
+    tmp = Path(out) / f".{MARKER}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(marker, indent=2))
+    tmp.replace(Path(out) / MARKER)  # whole or not at all; a concurrent refresh writes the same record
+    return True
 
 
 def import_gguf(gguf: str | Path, out: str | Path) -> Path:

@@ -91,3 +91,5 @@ def test_the_marker_records_the_source_file_so_an_unchanged_wheel_is_not_read_ag
     stat = gguf.stat()
     os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     assert catalog.import_is_current(out, gguf) and gguf.resolve() in hashed  # touched: read, same digest
+    hashed.clear()
+    assert catalog.import_is_current(out, gguf) and not hashed  # the touched file's record was remembered

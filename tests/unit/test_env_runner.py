@@ -129,28 +129,44 @@ def test_the_steps_of_a_turn_run_at_the_same_time():
     envs.close()
 
 
-def test_hung_steps_time_out_together_under_one_deadline_and_do_not_starve_the_next_turn():
-    """4 hung environments on a pool of 2 threads: 2 steps start and hang, and the other 2, still queued when the
-    turn's one deadline passes, never run at all (with a deadline per step they would each have started after the
-    previous one was abandoned). The pool replaces the 2 hung threads, so the next turn's steps answer."""
+def test_hung_steps_are_abandoned_at_their_deadlines_and_do_not_starve_the_next_turn():
+    """4 hung environments on a pool of 2 threads: 2 steps start and hang; at their deadline they are abandoned and
+    their threads replaced, so the 2 queued ones start and hang in turn: 4 hung calls cost 2 deadlines, not 4. The
+    next turn's steps answer, and a hung environment is closed only when its step returns."""
     sessions, release = Sessions(), threading.Event()
     HungEnv.entered = []
     hung = {key: HungEnv(sessions, key, release) for key in range(4)}
     healthy = {key: SessionEnv(sessions) for key in range(4, 6)}
-    envs = LocalEnvs(config(timeout_s=5), make={**hung, **healthy}.__getitem__, threads=2)
+    envs = LocalEnvs(config(timeout_s=2), make={**hung, **healthy}.__getitem__, threads=2)
     envs.reset([(key, TASK, 7) for key in range(6)])
     results = envs.step([(key, {"role": "assistant", "content": "x"}) for key in hung])
     assert [r.info["status"] for r in results] == ["timeout"] * 4
-    assert len(HungEnv.entered) == 2  # the 2 queued steps were dropped at the deadline, not given their own
+    assert sorted(HungEnv.entered) == [0, 1, 2, 3] and envs.pool.spawned == 2 + 4  # one replacement per hung call
     later = envs.step([(key, {"role": "assistant", "content": "x"}) for key in healthy])
-    assert [r.info["status"] for r in later] == ["completed"] * 2 and envs.pool.spawned == 4
+    assert [r.info["status"] for r in later] == ["completed"] * 2
     assert envs.finish(list(range(6))) == [0.0] * 4 + [0.5] * 2
-    started = [hung[key] for key in HungEnv.entered]
-    # the 2 queued ones never ran: closed at once; the 2 hung ones are closed only when their step returns
-    assert all(hung[k].closed.is_set() for k in hung if k not in HungEnv.entered)
-    assert not any(env.closed.is_set() for env in started) and sessions.open == 2
+    assert not any(env.closed.is_set() for env in hung.values()) and sessions.open == 4
     release.set()
-    assert all(env.closed.wait(120) for env in started) and sessions.open == 0
+    assert all(env.closed.wait(120) for env in hung.values()) and sessions.open == 0
+    envs.close()
+
+
+class SlowEnv(SessionEnv):
+    """A step that takes 0.2 s: slow, never hung."""
+
+    def step(self, message):
+        threading.Event().wait(0.2)
+        return super().step(message)
+
+
+def test_calls_queued_behind_others_are_not_timed_out_for_waiting():
+    """30 steps of 0.2 s on 2 threads under a 2 s timeout: the batch takes about 3 s, longer than the timeout, but
+    each step takes a tenth of it from when it starts, so every one completes."""
+    sessions = Sessions()
+    envs = LocalEnvs(config(timeout_s=2), make=lambda key: SlowEnv(sessions), threads=2)
+    envs.reset([(key, TASK, 7) for key in range(30)])
+    results = envs.step([(key, {"role": "assistant", "content": "x"}) for key in range(30)])
+    assert [r.info["status"] for r in results] == ["completed"] * 30
     envs.close()
 
 

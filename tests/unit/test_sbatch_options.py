@@ -36,13 +36,24 @@ def test_other_slurm_keys_stay_overridable_and_the_file_may_write_extra(tmp_path
 @pytest.mark.parametrize("slurm,key", [
     ({"extra": {"comment": "x\ntouch /tmp/pwned #"}}, "slurm.extra.comment"),
     ({"extra": {"comment\nid": "x"}}, "slurm.extra key"),
-    ({"account": "lab\rid"}, "slurm.account"),
 ])
 def test_a_value_that_would_end_its_sbatch_line_is_refused_even_from_the_file(tmp_path, slurm, key):
     with pytest.raises(ValueError, match=rf"{key}.*newline or control character"):
         load_config(written(tmp_path, slurm))
 
 
-def test_an_override_of_a_plain_slurm_key_with_a_newline_is_refused():
-    with pytest.raises(ValueError, match=r"slurm.time = .*newline or control character"):
-        load_config(CALC, {"slurm.time": "01:00:00\nid"})
+@pytest.mark.parametrize("key,value", [
+    ("slurm.time", "01:00:00\nid"),  # a line break: the rest would run as shell
+    ("slurm.partition", "gpu --export=ALL,LD_PRELOAD=/tmp/x.so"),  # a space: sbatch reads a second option
+    ("slurm.mem", "4G --chdir=/tmp"),
+    ("slurm.account", "lab\rid"),
+])
+def test_a_plain_slurm_value_that_is_not_one_word_is_refused(key, value):
+    with pytest.raises(ValueError, match=rf"{key} = .* is not one word"):
+        load_config(CALC, {key: value})
+
+
+def test_usual_slurm_values_are_one_word():
+    cfg = load_config(CALC, {"slurm.partition": "gpu,cpu", "slurm.time": "1-00:00:00", "slurm.mem": "512G",
+                             "slurm.qos": "high-prio", "slurm.account": "lab_rl"})
+    assert (cfg.slurm.partition, cfg.slurm.time, cfg.slurm.mem) == ("gpu,cpu", "1-00:00:00", "512G")

@@ -55,3 +55,20 @@ def test_a_new_wheel_of_a_named_model_changes_the_key(fake_wheel):  # noqa: F811
     assert key(config, model_path=NAME) == first and len(imports) == 1
     gguf.write_bytes(b"GGUF version 2" * 100)
     assert key(config, model_path=NAME) != first and len(imports) == 2  # imported again, keyed on its weights
+
+
+def test_a_same_size_rewrite_with_the_old_mtime_is_hashed_again(tmp_path, monkeypatch):
+    """Coarse mtimes (NFS, Lustre) can leave a rewritten file with its old size and mtime: the remembered digest
+    is keyed by the inode's ctime too, which no write can keep."""
+    import os
+
+    monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(sft_cache, "RACY_NS", 0)  # remember even a file written just now
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"A" * 64)
+    first = sft_cache.remembered_sha256(weights)
+    stat = weights.stat()
+    weights.write_bytes(b"B" * 64)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same mtime
+    assert sft_cache.remembered_sha256(weights) != first
+    assert sft_cache.remembered_sha256(weights) == sft_cache.file_sha256(weights)

@@ -75,7 +75,7 @@ def test_a_url_written_in_the_file_is_trusted_and_overrides_may_name_it_again(tm
 
 
 @pytest.mark.parametrize("url", ["http://attacker.example\\@10.0.0.5:8000", "http://10.0.0.5:8000 @attacker.example",
-                                 "http:///attacker.example", "http://attacker%2eexample:8000"])
+                                 "http:///attacker.example", "http://attacker%2eexample:8000", "//attacker.example:8000"])
 def test_an_override_url_that_parsers_could_read_differently_is_refused(tmp_path, url):
     """A backslash or a space is read as the end of the authority by some URL parsers and not by others: the host
     checked would not be the host connected to."""
