@@ -10,7 +10,6 @@ import copy
 import dataclasses
 import difflib
 import os
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from forge_core.losses import implied_advantage
 from forge_core.recipes.config import EvalConfig, GRPOConfig
 from forge_core.training.config import SFTConfig, TrainerConfig
 from forge_core.training.correction import LEVELS, MODES, RolloutCorrection
-from infra.hosts import refuse_untrusted_hosts
+from infra.hosts import hide_password, refuse_untrusted_hosts
 from infra.plugins import check_sbatch_values, refuse_file_only_overrides
 
 
@@ -363,9 +362,6 @@ def config_from_dict(data: dict, where: str = "config dict") -> RunConfig:
     return from_dict(RunConfig, data, where)
 
 
-URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][\w+.-]*://[^:/@\s]+:)[^@\s]+(?P<at>@)")
-
-
 def redact_secrets(value: Any) -> Any:
     """A copy with passwords in URLs (scheme://user:PASSWORD@host) replaced by ***: what MLflow and the registry
     record. The run directory's own config.yaml keeps the real values (resume needs them); prefer environment
@@ -375,7 +371,7 @@ def redact_secrets(value: Any) -> Any:
     if isinstance(value, list):
         return [redact_secrets(v) for v in value]
     if isinstance(value, str):
-        return URL_PASSWORD.sub(r"\g<head>***\g<at>", value)
+        return hide_password(value)
     return value
 
 
