@@ -86,6 +86,7 @@ class EpisodeRun:
     samples: list[Sample]
     text: str  # the rendered conversation the current sample's ids stand for
     status: str = ""  # set when the episode ends (one of STATUSES)
+    error: str = ""  # what ended it, when the environment said (StepResult.info["error"])
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -152,6 +153,7 @@ def apply_result(run: EpisodeRun, result: StepResult, generated: list[int], rend
     if result.done:
         status = result.info.get("status", "completed")
         run.status = status if status in STATUSES else "completed"
+        run.error = str(result.info.get("error", ""))
         return
     if run.turns >= config.max_turns:
         run.status = "truncated_turns"
@@ -221,6 +223,8 @@ def finish_episode(run: EpisodeRun, target: str, final_reward: float, credit: st
         meta = {"status": run.status, "solved": solved, "turns": run.turns, "tool_calls": run.tool_calls,
                 "tool_errors": run.tool_errors, "turn_versions": list(run.turn_versions),
                 "samples": len(run.samples), "conversation": run.conversation if i == 0 else []}
+        if run.error:
+            meta["error"] = run.error
         if credit == "turn":
             meta.update(turn_returns=turn_returns, first_turn=s.first_turn, turn_starts=list(s.turn_starts))
         completion = Completion(text=text if i == 0 else "", token_ids=s.ids, logprobs=s.logprobs, metadata=meta,

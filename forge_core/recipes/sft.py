@@ -57,8 +57,10 @@ def make_env_sft_examples(problems: Sequence[Problem], config: EnvConfig, tokeni
     for g in groups:
         e = g.episodes[0]
         if e.continues or len(g.episodes) > 1 or e.completion.metadata["status"] != "completed":
-            raise ValueError(f"the demonstration of {g.question!r} did not complete as one sample "
-                             f"({e.completion.metadata['status']}); raise env.max_tokens or env.max_turns")
+            meta = e.completion.metadata
+            why = f"{meta['status']}: {meta['error']}" if meta.get("error") else meta["status"]
+            raise ValueError(f"the demonstration of {g.question!r} did not complete as one sample ({why}); "
+                             "raise env.max_tokens or env.max_turns if it was cut, else fix the environment")
         examples.append(SFTExample(e.prompt_ids, e.completion.token_ids, e.completion.loss_mask))
     return examples
 

@@ -200,6 +200,25 @@ def test_demonstrations_are_played_through_the_token_layer_and_teach_only_the_as
     assert targets["loss_mask"].sum() == sum(sum(e.loss_mask) for e in with_tool)
 
 
+class FlakyToolEnv(CalculatorEnvironment):
+    """A calculator whose step raises once the tool has answered (a bug in the environment)."""
+
+    def step(self, message):
+        if "####" in message.get("content", ""):
+            raise KeyError("the bug")
+        return super().step(message)
+
+
+def test_a_demonstration_the_environment_broke_names_the_exception(monkeypatch):
+    from forge_core.envs import ENVIRONMENTS
+    from forge_core.recipes.sft import make_env_sft_examples
+
+    monkeypatch.setitem(ENVIRONMENTS, "flaky", FlakyToolEnv)
+    config = EnvConfig(name="flaky", max_turns=3, max_tokens=200)
+    with pytest.raises(ValueError, match=r"'What is 47\*38\?' did not complete as one sample \(error: KeyError: 'the bug'\)"):
+        make_env_sft_examples([PRODUCT], config, TOK, end_token_ids(TOK, None), tool_use=1.0)
+
+
 def test_samples_show_the_conversation_with_the_inserted_spans_marked():
     from forge_core.recipes.samples import sample_rows, samples_markdown
     from forge_core.types import Group
