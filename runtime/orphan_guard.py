@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from infra.processes import stop_processes, wait_until_gone
+
 log = logging.getLogger(__name__)
 
 OWNER_ENV = "FORGEFLOW_OWNER_PID"
@@ -44,15 +46,6 @@ def start_orphan_guard() -> subprocess.Popen | None:
     return _guard
 
 
-def start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (tells a live process from a reused pid); None when gone or a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    return None if fields[0] == "Z" else fields[19]
-
-
 def leftover_servers(owner: int) -> list[int]:
     """Pids of Prefect server processes whose environment marks `owner` as the command that started them."""
     found = []
@@ -70,26 +63,9 @@ def leftover_servers(owner: int) -> list[int]:
     return found
 
 
-def stop_processes(pids: list[int], grace_s: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL what is still there after `grace_s`."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(start_time(p) for p in pids):
-        time.sleep(0.2)
-    for pid in pids:
-        if start_time(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
 def guard(owner: int, poll_s: float = 1.0) -> list[int]:
     """Wait for `owner` to end, then stop the servers it left behind; returns their pids."""
-    born = start_time(owner)
-    while born is not None and start_time(owner) == born:
-        time.sleep(poll_s)
+    wait_until_gone(owner, poll_s)
     time.sleep(poll_s)  # a command that exits normally stops its server itself: give it that moment
     pids = leftover_servers(owner)
     if pids:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections.abc import Sequence
 
 from forge_core.data.problems import Problem
@@ -19,17 +21,45 @@ from workers.base import Worker, dtype_of, model_source, worker_device
 log = logging.getLogger(__name__)
 
 
+def engine_model_dir(cfg: RunConfig, init_path: str | None) -> str:
+    """An HF directory vLLM can open for the worker's starting weights: a named model's import, or a `tiny:` preset
+    built with the run's seed (as the trainer builds it) and saved once under $FORGEFLOW_HOME/models."""
+    from forge_core.models.catalog import resolve_model_path
+    from forge_core.models.loading import TINY_PREFIX, save_model_and_tokenizer
+    from infra.paths import forgeflow_home
+
+    source = resolve_model_path(model_source(cfg, init_path))
+    if not source.startswith(TINY_PREFIX):
+        return source
+    out = forgeflow_home() / "models" / f"{source.replace(':', '-')}-seed{cfg.seed}"
+    if not (out / "config.json").is_file():
+        model, tok = load_model_and_tokenizer(source, seed=cfg.seed)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}")
+        save_model_and_tokenizer(model, tok, tmp)
+        os.replace(tmp, out) if not out.exists() else shutil.rmtree(tmp)  # another worker may have saved it first
+    return str(out)
+
+
+def start_vllm(cfg: RunConfig, init_path: str | None, threads: int | None):
+    """A VLLMGenerator for the run's model, its engine processes guarded against this worker's death."""
+    from forge_core.generation.vllm_generator import VLLMGenerator
+    from workers.engine_guard import start_engine_guard
+
+    generator = VLLMGenerator.from_pretrained(engine_model_dir(cfg, init_path), cfg.generator,
+                                              tensor_parallel_size=cfg.generator.procs, dtype=cfg.model.dtype,
+                                              seed=cfg.seed, kv_cache_gb=cfg.generator.kv_cache_gb,
+                                              threads=max(1, threads or cfg.threads or 1))
+    start_engine_guard()
+    return generator
+
+
 class GeneratorWorker(Worker):
     role = "generator"
 
     def __init__(self, cfg: RunConfig, store=None, init_path: str | None = None, threads: int | None = None):
         super().__init__(cfg, threads)
         if cfg.generator.backend == "vllm":
-            from forge_core.generation.vllm_generator import VLLMGenerator
-
-            self.generator = VLLMGenerator.from_pretrained(model_source(cfg, init_path), cfg.generator,
-                                                           tensor_parallel_size=cfg.generator.procs,
-                                                           dtype=cfg.model.dtype, seed=cfg.seed)
+            self.generator = start_vllm(cfg, init_path, threads)
         else:
             model, tok = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed, dtype=dtype_of(cfg))
             self.generator = TorchGenerator(model.to(worker_device(cfg, self.role)).eval(), tok,
@@ -38,6 +68,13 @@ class GeneratorWorker(Worker):
                                             kv_cache_gb=cfg.generator.kv_cache_gb)
         self.store = store
         self.pinned_version_misses = 0
+
+    def shutdown(self) -> bool:
+        """Stop a vLLM engine's processes before the server stops (the engine guard covers a killed worker)."""
+        close = getattr(self.generator, "close", None)
+        if close is not None:
+            close()
+        return super().shutdown()
 
     def rollout(self, problems: Sequence[Problem], prompts: Sequence[str], group_size: int, seed: int,
                 version: int | None = None, prompt_keys: Sequence[int] | None = None) -> list[Group]:

@@ -6,7 +6,8 @@ import subprocess
 import sys
 import time
 
-from runtime.orphan_guard import OWNER_ENV, SERVER_MARK, guard, leftover_servers, start_time
+from infra.processes import start_time
+from runtime.orphan_guard import OWNER_ENV, SERVER_MARK, guard, leftover_servers
 
 # a stand-in for the server: any process whose command line carries the server's module name
 FAKE_SERVER = f"import time  # {SERVER_MARK}\ntime.sleep(300)"
