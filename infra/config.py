@@ -44,7 +44,8 @@ class GeneratorConfig(SamplingParams):
     num_replicas: int = 1
     cuda_graphs: bool = True  # torch backend on CUDA: the decode step as CUDA graphs (false: eager decode)
     # torch backend: the KV cache one generation chunk may take; batches are split to fit (0: on CUDA 80% of the
-    # memory free at each call, on CPU no limit)
+    # memory free at each call, on CPU no limit). vllm backend: the engine's KV cache (0: on CUDA 85% of the GPU's
+    # memory, on CPU 1 GiB)
     kv_cache_gb: float = 0.0
 
 

@@ -66,8 +66,8 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     check_teacher(cfg, where)
     g = cfg.generator
     if g.kv_cache_gb < 0:
-        raise ValueError(f"{where}: generator.kv_cache_gb must be >= 0 (0: on CUDA 80% of the free memory, on CPU "
-                         f"no limit), got {g.kv_cache_gb}")
+        raise ValueError(f"{where}: generator.kv_cache_gb must be >= 0 (0: the backend's default, "
+                         f"infra/config.py), got {g.kv_cache_gb}")
     if g.backend == "vllm" and g.temperature > 0 and (g.top_p < 1.0 or g.top_k > 0):
         # vLLM reports the sampled token's logprob after top-k/top-p renormalisation; the behaviour logprobs the
         # trainer compares with (and TorchGenerator reports) are before it: TIS/MIS and the mismatch metrics

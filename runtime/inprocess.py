@@ -62,6 +62,10 @@ def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
 
 def run_main_job(cfg: RunConfig, run_name: str | None = None, show: bool = True) -> dict:
     """SFT (when configured) then GRPO; writes config, metrics, curves and checkpoints; returns the summary."""
+    if cfg.generator.backend != "torch":  # one model trains and samples here: the generator is that model
+        raise ValueError(f"generator.backend {cfg.generator.backend!r} runs in a generator worker; --in-process samples "
+                         "with the trained model itself (generator.backend: torch): drop --in-process, or set "
+                         "generator.backend: torch")
     start = time.perf_counter()
     threads = C.configure_threads(cfg)
     torch.manual_seed(cfg.seed)

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 FINISH_REASONS = {"stop": "eos", "length": "length", "abort": "length"}
 GiB = 1 << 30
+# a trainer's state dict names a tied head, which a tied checkpoint (SmolLM2's) leaves out: vLLM skips it on load
+TIED = {"lm_head.weight": "model.embed_tokens.weight"}
 CPU_KV_CACHE_GB = 1.0  # on CPU without generator.kv_cache_gb: vLLM's own default takes 92% of *host* memory
 
 
@@ -198,7 +200,7 @@ class VLLMGenerator:
         if self.shapes is None:
             return
         bad = sorted(f"{name} {tuple(shape)}" for name, shape in tensor_shapes(path).items()
-                     if self.shapes.get(name) != tuple(shape))
+                     if self.shapes.get(name, self.shapes.get(TIED.get(name, ""))) != tuple(shape))
         if bad:
             raise ValueError(f"policy version {version} ({path}) has tensors the generator's checkpoint does not "
                              f"(name and shape): {bad[:5]}; it was not loaded (the engine still holds version "

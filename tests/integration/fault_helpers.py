@@ -81,10 +81,10 @@ def hold_record_until(monkeypatch, step: int, released: threading.Event, failure
 
 
 def kill_worker_when(monkeypatch, role: str | tuple[str, ...], after_step: int, killed: list,
-                     sig=signal.SIGKILL) -> threading.Thread:
+                     sig=signal.SIGKILL, before_kill=None) -> threading.Thread:
     """In a thread: send `sig` to the worker of `role` (of each role, at the same moment: a lost node) of the next
     new run at a random moment of the step after `after_step` (whatever phase is running then); that step is not
-    recorded before the kill."""
+    recorded before the kill. `before_kill(pids)` runs just before it."""
     roles = (role,) if isinstance(role, str) else tuple(role)
     existing = existing_runs()
     delay = random.uniform(0.0, 0.1)  # lands inside the next step, or while it waits to be recorded
@@ -102,6 +102,8 @@ def kill_worker_when(monkeypatch, role: str | tuple[str, ...], after_step: int, 
                 launches = sorted((run / "workers").glob(f"{name}-0.*.rendezvous.json"),
                                   key=lambda p: p.stat().st_mtime)
                 pids.append(read_rendezvous(launches[-1]).pid)  # the current launch of the worker
+            if before_kill is not None:
+                before_kill(pids)
             for pid in pids:
                 os.kill(pid, sig)
             killed.extend(pids)
