@@ -23,6 +23,8 @@ import sys
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # bench.generation's no_eos; configs/ is read relative to the repository
 
 SHAPES = {"main": (8, 8, 16), "long": (32, 8, 128)}  # prompts, samples per prompt, new tokens
 
@@ -113,7 +115,7 @@ def time_torch_shapes(model_name: str, threads: int, repeats: int) -> dict[str, 
 def measure_vllm_in_child(threads: str, repeats: int) -> dict[str, float]:
     """One engine per thread setting, each in a fresh process (vLLM reads its thread settings at start)."""
     out = subprocess.run([sys.executable, __file__, "--child-vllm", threads, "--repeats", str(repeats)],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+                         capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("CHILD ")]
     if out.returncode or not lines:
         raise RuntimeError(f"vLLM with threads={threads} failed:\n{out.stderr[-3000:]}")
@@ -128,6 +130,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--child-vllm", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    os.chdir(ROOT)
     from forge_core.models.catalog import resolve_model_path
 
     path = resolve_model_path(args.model)
@@ -135,8 +138,8 @@ def main() -> None:
         found = time_vllm_shapes(path, args.child_vllm, args.repeats)
         print("CHILD " + " ".join(f"{k}={v:.2f}" for k, v in found.items()), flush=True)
         return
-    vllm = {t: measure_vllm_in_child(t, args.repeats) for t in args.vllm_threads.split(",")}
     ours = time_torch_shapes(args.model, args.threads, args.repeats)
+    vllm = {t: measure_vllm_in_child(t, args.repeats) for t in args.vllm_threads.split(",")}
     print(f"{'shape':<22}" + "".join(f"{'vLLM ' + t:>12}" for t in vllm) + f"{'ours fp32':>12}{'ours bf16':>12}"
           f"{'ratio':>8}   (tokens/s, best of {args.repeats}; ours with {args.threads} threads)")
     ratios = {}
