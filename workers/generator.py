@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -25,18 +26,25 @@ def engine_model_dir(cfg: RunConfig, init_path: str | None) -> str:
     """An HF directory vLLM can open for the worker's starting weights: a named model's import, or a `tiny:` preset
     built with the run's seed (as the trainer builds it) and saved once under $FORGEFLOW_HOME/models."""
     from forge_core.models.catalog import resolve_model_path
-    from forge_core.models.loading import TINY_PREFIX, save_model_and_tokenizer
+    from forge_core.models.loading import TINY_PREFIX, TINY_PRESETS, save_model_and_tokenizer
     from infra.paths import forgeflow_home
 
     source = resolve_model_path(model_source(cfg, init_path))
     if not source.startswith(TINY_PREFIX):
         return source
-    out = forgeflow_home() / "models" / f"{source.replace(':', '-')}-seed{cfg.seed}"
+    preset = source[len(TINY_PREFIX):]
+    shape = hashlib.sha256(repr(sorted(TINY_PRESETS[preset].items())).encode()).hexdigest()[:8]  # a preset edited
+    out = forgeflow_home() / "models" / f"tiny-{preset}-{shape}-seed{cfg.seed}"              # is another model
     if not (out / "config.json").is_file():
         model, tok = load_model_and_tokenizer(source, seed=cfg.seed)
         tmp = out.with_name(f".{out.name}.{os.getpid()}")
         save_model_and_tokenizer(model, tok, tmp)
-        os.replace(tmp, out) if not out.exists() else shutil.rmtree(tmp)  # another worker may have saved it first
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another worker saved it first (the same weights: same preset and seed)
+            if not (out / "config.json").is_file():
+                raise
+            shutil.rmtree(tmp)
     return str(out)
 
 

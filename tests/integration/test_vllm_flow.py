@@ -3,6 +3,8 @@ trainer recomputes vLLM's behaviour logprobs to bf16 noise at every step (weight
 each version), and a run whose generator worker is killed with -9 mid-run: no engine process outlives it, a fresh
 engine replaces it, and the run ends with the uninterrupted run's weights."""
 
+import importlib.util
+
 import pytest
 
 from cli.reports import show_run
@@ -11,7 +13,9 @@ from tests.integration.fault_helpers import kill_worker_when, recorded_metrics, 
 from tests.integration.test_faults import assert_records_complete
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("vllm", reason="vLLM's CPU build is installed by `make install`")
+# find_spec, not importorskip: importing vllm at collection would set its variables in every test process
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM's CPU build is installed by `make install`", allow_module_level=True)
 
 STEPS = 6
 # strictly on-policy (one mini-batch, one epoch) with a large learning rate, so every version moves the weights
