@@ -81,7 +81,7 @@ def compare_runs(run_ids: list[str], metrics: list[str], out: str | None = None,
             run = repo.get_run(s, rid)
             label = run.name or run.id
             row = {"run_id": run.id, "name": run.name, "loss": (run.config.get("loss") or {}).get("name"),
-                   "status": run.status}
+                   "teacher": (run.config.get("distill") or {}).get("teacher") or None, "status": run.status}
             curve_rows: dict[int, dict] = {}
             for key in metrics:
                 hist = metric_history(s, run.id, key)

@@ -247,7 +247,7 @@ def train_on_workers(cfg, run_id: str, out, records: RunRecords, splits, init_pa
         register_run(ctx)
         calls = TaskCalls()
         roles = task_roles(run_id, ctx.checkpoint_dir, C.needs_reference(cfg), calls,
-                           scored_in_rollout=ctx.roles.generator.scored_in_rollout)
+                           scored_in_rollout=ctx.roles.generator.scored_in_rollout, with_teacher=cfg.distill.enabled)
         try:
             start, latest = restore_latest(ctx)
             records.resume_at(start, latest)

@@ -23,7 +23,8 @@ class Completion:
 
 @dataclass
 class Episode:
-    """A prompt, its target and one completion, plus what later phases attach (reward, advantage, ref logprobs)."""
+    """A prompt, its target and one completion, plus what later phases attach (reward, advantage, reference and
+    teacher logprobs)."""
 
     prompt: str
     target: str
@@ -34,6 +35,7 @@ class Episode:
     advantage: float = 0.0
     token_advantages: list[float] | None = None  # [T] per completion token, when rewards are credited per turn
     ref_logprobs: list[float] | None = None
+    teacher_logprobs: list[float] | None = None  # [T] on-policy distillation: the teacher's logprob of each token
     # a later sample of the episode before it in its group (a chat template could not extend that one's prefix):
     # it trains with that episode's advantage and is left out of the group's statistics
     continues: bool = False

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from forge_core.data.config import DatasetConfig
+from forge_core.distill import DistillConfig
 from forge_core.envs.base import EnvConfig
 from forge_core.generation.sampling import SamplingParams
 from forge_core.losses import implied_advantage
@@ -175,6 +176,7 @@ class RunConfig(GRPOConfig):
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes in an environment (forge_core/envs)
+    distill: DistillConfig = field(default_factory=DistillConfig)  # on-policy distillation (forge_core/distill.py)
     # import paths ('module.path:Name') that loss.name / rewards[].name may use: set only in a file (infra/plugins.py)
     plugins: list[str] = field(default_factory=list)
     # hosts ('host:port', or 'host': any port) that overrides may name in any section (env.options.url,

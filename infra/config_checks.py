@@ -24,6 +24,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | list
     A config this process already checked is not checked again (the check builds the loss once)."""
     cfg = read_config(path, overrides)
     where = ("defaults" if path is None else str(path)) + (" + overrides" if overrides else "")
+    pin_teacher(cfg, where)
     key = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
     if key not in _CHECKED:
         validate(cfg, where)
@@ -64,6 +65,7 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     check_trainer_environment(cfg, where)
     check_sft_batch(cfg, where)
     check_teacher(cfg, where)
+    check_distill(cfg, where)
     g = cfg.generator
     if g.kv_cache_gb < 0:
         raise ValueError(f"{where}: generator.kv_cache_gb must be >= 0 (0: the backend's default, "
@@ -167,6 +169,28 @@ def check_teacher(cfg: RunConfig, where: str) -> None:
     if columns and cfg.sft.steps > 0 and cfg.sft.response != "solution":
         raise ValueError(f"{where}: dataset.solution columns is working for the model to write, and sft.response is "
                          f"{cfg.sft.response!r} (the final answer alone): set sft.response: solution")
+
+
+def pin_teacher(cfg: RunConfig, where: str) -> None:
+    """distill.teacher resolved, in place, to the model directory it names (a run: its latest complete checkpoint),
+    so that the run's recorded config keeps scoring with that teacher (infra/teacher.py)."""
+    if not cfg.distill.enabled:
+        return
+    from infra.teacher import resolve_teacher
+
+    try:
+        cfg.distill.teacher = resolve_teacher(cfg.distill.teacher, cfg.tracking.registry_url)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+
+
+def check_distill(cfg: RunConfig, where: str) -> None:
+    """On-policy distillation trains on every group: dynamic sampling would drop the groups whose rewards are
+    equal, and with them the teacher's signal."""
+    if cfg.distill.enabled and cfg.filter_groups and cfg.distill.reward_weight == 0:
+        raise ValueError(f"{where}: filter_groups drops the groups whose rewards are all equal, and distill."
+                         "reward_weight 0 trains on the teacher's per-token signal alone, which every group carries: "
+                         "set filter_groups: false (and fill_rounds: 1)")
 
 
 def check_correction_fits_loss(cfg: RunConfig) -> None:

@@ -12,6 +12,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from forge_core.distill import load_teacher
 from forge_core.generation import TorchGenerator
 from forge_core.models import load_model_and_tokenizer, save_model_and_tokenizer
 from forge_core.models.lora import plain_model
@@ -42,8 +43,10 @@ def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
         ref_model.load_state_dict(model.state_dict())
         ref_model.eval().requires_grad_(False)
     reward = C.build_reward(cfg)
+    teacher = load_teacher(cfg.distill, tok, seed=cfg.seed) if cfg.distill.enabled else None
     loop = GRPOLoop(generator, trainer, reward, splits.train, splits.train_prompts, splits.eval, splits.eval_prompts,
-                    cfg, tok.pad_token_id, ref_model, advantage=cfg.advantage.to_dict(), eval=cfg.eval,
+                    cfg, tok.pad_token_id, ref_model, teacher, cfg.distill, advantage=cfg.advantage.to_dict(),
+                    eval=cfg.eval,
                     correction=cfg.rollout_correction, env=cfg.env,
                     max_failed_reward_steps=cfg.reward.max_failed_steps)
     bar = tqdm(total=cfg.steps, desc="grpo", disable=not show, dynamic_ncols=True)

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 # (column, metric key) of the metrics table; a key a run does not log is left blank
 TABLE_COLUMNS = (("step", "step"), ("reward", "reward/mean"), ("accuracy", "eval/accuracy"), ("loss", "loss/loss"),
-                 ("kl", "loss/kl_mean"), ("clip high", "loss/clip_frac_high"), ("clip low", "loss/clip_frac_low"),
+                 ("kl", "loss/kl_mean"), ("reverse kl", "distill/reverse_kl"), ("clip high", "loss/clip_frac_high"), ("clip low", "loss/clip_frac_low"),
                  ("staleness", "rollout/policy_staleness"), ("seconds", "timing/step"))
 
 

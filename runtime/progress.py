@@ -12,8 +12,9 @@ PASS_KEY = re.compile(r"eval/pass_at_(\d+)")
 def line_for_step(step: int, total: int, m: dict) -> str:
     """One human line for GRPO step `step` (0-based; shown 1-based, as `step + 1` is the version it produced)."""
     acc = f" acc {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""
+    distill = f" rkl {m['distill/reverse_kl']:.4f}" if "distill/reverse_kl" in m else ""  # on-policy distillation
     return (f"step {step + 1:>4}/{total} reward {m.get('reward/mean', 0):.3f}{acc} loss {m.get('loss/loss', 0):+.4f} "
-            f"kl {m.get('loss/kl_mean', 0):.4f} len {m.get('rollout/response_len_mean', 0):.1f} "
+            f"kl {m.get('loss/kl_mean', 0):.4f}{distill} len {m.get('rollout/response_len_mean', 0):.1f} "
             f"{m.get('timing/step', 0):.2f}s")
 
 

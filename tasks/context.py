@@ -17,7 +17,7 @@ from infra import checkpoints as ckpt
 from infra.components import ProblemSplits, needs_reference, run_schedule
 from infra.config import RunConfig
 from workers.pool import WorkerPool
-from workers.remote import RemoteGenerator, RemoteReferenceScorer, RemoteRewardScorer, RemoteTrainer
+from workers.remote import RemoteGenerator, RemoteModelScorer, RemoteRewardScorer, RemoteTrainer
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,11 @@ def remote_roles(pool: WorkerPool, splits: ProblemSplits, checkpoint_dir: Path) 
     generator = RemoteGenerator(pool, splits, run_schedule(cfg), cfg.prompts_per_step, cfg.group_size, cfg.seed,
                                 cfg.eval.samples, fill_rounds=cfg.fill_rounds if cfg.filter_groups else 1,
                                 reward=reward, env_enabled=cfg.env.enabled)
-    reference = RemoteReferenceScorer(pool) if needs_reference(cfg) else None
+    reference = RemoteModelScorer(pool) if needs_reference(cfg) else None
+    teacher = RemoteModelScorer(pool, "teacher") if cfg.distill.enabled else None
     trainer = RemoteTrainer(pool, checkpoint_dir, cfg.seed, cfg.checkpoint.keep)
-    return Roles(generator, ScoredDuringRollout() if generator.scored_in_rollout else reward, trainer, reference)
+    return Roles(generator, ScoredDuringRollout() if generator.scored_in_rollout else reward, trainer, reference,
+                 teacher)
 
 
 @dataclass

@@ -57,6 +57,12 @@ def score_reference(run_id: str, step: int, groups: list) -> tuple[list, dict]:
     return get_run(run_id).roles.reference.score(step, groups)
 
 
+@task(name="score_teacher", task_run_name=named_after_version("score_teacher"), **PHASE)
+def score_teacher(run_id: str, step: int, groups: list) -> tuple[list, dict]:
+    """The teacher's logprobs of the sampled tokens and distill/* metrics (only scheduled with distill.teacher)."""
+    return get_run(run_id).roles.teacher.score(step, groups)
+
+
 @task(name="train", task_run_name=named_after_version("train"), **PHASE)
 def train(run_id: str, step: int, groups: list) -> dict | RolledBack:
     """The step's policy update on the trainer (publishes version step+1); RolledBack(n), returned, when a recovery
@@ -155,7 +161,7 @@ class TaskGenerator:
 
 @dataclass
 class TaskScorer:
-    """RewardScorer / ReferenceScorer as the score_rewards or score_reference task."""
+    """RewardScorer / ReferenceScorer as the score_rewards, score_reference or score_teacher task."""
 
     run_id: str
     task: object
@@ -185,9 +191,11 @@ class TaskTrainer:
 
 
 def task_roles(run_id: str, checkpoint_dir: Path, with_reference: bool, calls: TaskCalls,
-               scored_in_rollout: bool = False) -> Roles:
+               scored_in_rollout: bool = False, with_teacher: bool = False) -> Roles:
     """The Roles whose every call is a Prefect task of run `run_id`; `scored_in_rollout`: the rollout task scores
     rewards itself (dynamic sampling refills), so there is no score_rewards task."""
     reference = TaskScorer(run_id, score_reference, calls) if with_reference else None
+    teacher = TaskScorer(run_id, score_teacher, calls) if with_teacher else None
     reward = ScoredDuringRollout() if scored_in_rollout else TaskScorer(run_id, score_rewards, calls)
-    return Roles(TaskGenerator(run_id, checkpoint_dir, calls), reward, TaskTrainer(run_id, calls), reference)
+    return Roles(TaskGenerator(run_id, checkpoint_dir, calls), reward, TaskTrainer(run_id, calls), reference,
+                 teacher)

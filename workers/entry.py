@@ -24,6 +24,7 @@ ROLE_CLASSES = {
     "generator": "workers.generator:GeneratorWorker",
     "trainer": "workers.trainer:TrainerWorker",
     "reference": "workers.reference:ReferenceWorker",
+    "teacher": "workers.reference:TeacherWorker",
     "reward": "workers.reward:RewardWorker",
     "env": "workers.env:EnvWorker",
 }

@@ -33,6 +33,8 @@ def plan_roles(cfg: RunConfig, with_reference: bool) -> list[RolePlan]:
              RolePlan("reward", cfg.reward.num_replicas, 1)]
     if with_reference:
         plans.append(RolePlan("reference", 1, cfg.ref_model.procs))
+    if cfg.distill.enabled:
+        plans.append(RolePlan("teacher", cfg.distill.num_replicas, 1))
     if cfg.env.enabled:
         plans.append(RolePlan("env", cfg.env.num_replicas, 1))
     return plans
@@ -65,11 +67,13 @@ def gpus_offered(cfg: RunConfig) -> int:
 
 def uses_gpu(cfg: RunConfig, role: str) -> bool:
     """Whether the role's model lives on an accelerator (rewards and environments never; the reference per
-    ref_model.device)."""
+    ref_model.device, the teacher per distill.device)."""
     if gpus_offered(cfg) == 0:
         return False
     if role in ("reward", "env"):
         return False
+    if role == "teacher":
+        return cfg.distill.device != "cpu"
     return not (role == "reference" and cfg.ref_model.device == "cpu")
 
 

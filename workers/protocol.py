@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 
-CALLS = ("generate", "train", "ref_logprobs", "score", "load_weights", "publish_weights", "save_checkpoint",
+CALLS = ("generate", "train", "logprobs", "score", "load_weights", "publish_weights", "save_checkpoint",
          "load_checkpoint", "evaluate", "rollout", "health", "shutdown", "open_weight_group", "join_weight_group",
          "await_weight_group", "sft_step", "save_pretrained", "end_ids", "reset_envs", "step_envs", "finish_envs")
 

@@ -1,11 +1,14 @@
-"""ReferenceWorker: the frozen reference policy; per-token logprobs of episodes for the KL term.
+"""ReferenceWorker and TeacherWorker: frozen models that score the tokens the student sampled, the reference for
+the KL term and the teacher for on-policy distillation (forge_core/distill.py).
 
-Place it on CPU (`ref_model.device: cpu`) when accelerators are short: it only runs forward passes.
+Place them on CPU (`ref_model.device: cpu`, `distill.device: cpu`) when accelerators are short: they only run
+forward passes.
 """
 
 from __future__ import annotations
 
-from forge_core.models import load_model_and_tokenizer
+from forge_core.distill import load_teacher
+from forge_core.models import load_model_and_tokenizer, load_tokenizer
 from forge_core.recipes import steps
 from forge_core.types import Group
 from infra.config import RunConfig
@@ -17,13 +20,26 @@ class ReferenceWorker(Worker):
 
     def __init__(self, cfg: RunConfig, store=None, init_path: str | None = None, threads: int | None = None):
         super().__init__(cfg, threads)
-        model, tok = load_model_and_tokenizer(model_source(cfg, init_path), seed=cfg.seed, dtype=dtype_of(cfg))
-        self.model = model.to(cfg.ref_model.device).eval().requires_grad_(False)
-        self.pad_id = tok.pad_token_id
+        self.model, self.pad_id = self._load(cfg, model_source(cfg, init_path))
 
-    def ref_logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
-        """Reference logprobs of every episode's response tokens, shaped like groups → episodes → tokens."""
+    def _load(self, cfg: RunConfig, student: str):
+        """(the frozen model, the pad id): the model RL starts from."""
+        model, tok = load_model_and_tokenizer(student, seed=cfg.seed, dtype=dtype_of(cfg))
+        return model.to(cfg.ref_model.device).eval().requires_grad_(False), tok.pad_token_id
+
+    def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
+        """This model's logprobs of every episode's completion tokens, shaped groups → episodes → [T]."""
         self.calls += 1
-        steps.score_reference(self.model, groups, self.pad_id, self.cfg.generator.temperature,
-                              micro_batch_size=self.cfg.trainer.micro_batch_size)
-        return [[e.ref_logprobs for e in g.episodes] for g in groups]
+        return steps.model_logprobs(self.model, groups, self.pad_id, self.cfg.generator.temperature,
+                                    micro_batch_size=self.cfg.trainer.micro_batch_size)
+
+
+class TeacherWorker(ReferenceWorker):
+    """The teacher of on-policy distillation (distill section); refused at load when its tokenizer is not the
+    student's."""
+
+    role = "teacher"
+
+    def _load(self, cfg: RunConfig, student: str):
+        tok = load_tokenizer(student)
+        return load_teacher(cfg.distill, tok, seed=cfg.seed), tok.pad_token_id

@@ -5,7 +5,7 @@ with them directly.
     RemoteGenerator ─ rollout: prompts split round-robin over the generator replicas, which sample concurrently;
                       version pinned by the Schedule
     RemoteRewardScorer ─ the batch split over the reward workers, scored concurrently
-    RemoteReferenceScorer ─ one reference worker call per batch
+    RemoteModelScorer ─ the batch split over the reference (or teacher) workers, scored concurrently
     RemoteTrainer ─ train and checkpoints on the trainer worker (all its ranks)
 """
 
@@ -19,11 +19,14 @@ from pathlib import Path
 from forge_core.data.problems import Problem
 from forge_core.protocols import Batch, PendingBatch, ReadyBatch, RolledBack
 from forge_core.recipes.steps import (
+    LOGPROB_FIELDS,
+    attach_logprobs,
     evaluate,
     reward_metrics,
     rollout_metrics,
     round_scorer,
     sample_batch,
+    scorer_metrics,
     set_reward_errors,
 )
 from forge_core.schedule import Schedule
@@ -84,19 +87,32 @@ def remote_score(pool, groups: list[Group]) -> dict[str, float]:
     """Score the groups on the reward workers, split in contiguous shards that are scored at the same time; the
     rewards are written onto the episodes in order and reward/* metrics computed over the whole batch (the same
     numbers as one worker's)."""
-    replicas = min(len(pool.clients("reward")), len(groups))
-    bounds = [len(groups) * i // replicas for i in range(replicas + 1)]
-    shards = {i: (groups[bounds[i]:bounds[i + 1]],) for i in range(replicas) if bounds[i] < bounds[i + 1]}
-    results = pool.call_each("reward", "score", shards)
+    parts = contiguous_shards(len(groups), len(pool.clients("reward")))
+    results = pool.call_each("reward", "score", {i: (groups[part],) for i, part in parts.items()})
     errors = timeouts = 0.0
     for i, (scores, metrics) in results.items():
-        for g, row in zip(groups[bounds[i]:bounds[i + 1]], scores, strict=True):
+        for g, row in zip(groups[parts[i]], scores, strict=True):
             for e, (total, breakdown, raised) in zip(g.episodes, row, strict=True):
                 e.reward, e.reward_breakdown = total, breakdown
                 set_reward_errors(e, raised)
         errors += metrics["reward/errors"]
         timeouts += metrics["reward/timeouts"]
     return {**reward_metrics(groups, errors), "reward/timeouts": timeouts}
+
+
+def contiguous_shards(count: int, replicas: int) -> dict[int, slice]:
+    """{replica: its slice of `count` items}: contiguous, as even as can be; replicas with nothing to do left out."""
+    replicas = min(replicas, count)
+    bounds = [count * i // replicas for i in range(replicas + 1)]
+    return {i: slice(bounds[i], bounds[i + 1]) for i in range(replicas) if bounds[i] < bounds[i + 1]}
+
+
+def remote_logprobs(pool, role: str, groups: list[Group]) -> list[list[list[float]]]:
+    """The logprobs the frozen models of `role` (reference or teacher workers) give every episode's completion
+    tokens, groups → episodes → [T]; the batch is split in contiguous shards scored at the same time."""
+    parts = contiguous_shards(len(groups), len(pool.clients(role)))
+    results = pool.call_each(role, "logprobs", {i: (groups[part],) for i, part in parts.items()})
+    return [row for i in sorted(results) for row in results[i]]
 
 
 def remote_sync(pool, version: int) -> list[int]:
@@ -201,17 +217,18 @@ class RemoteRewardScorer:
 
 
 @dataclass
-class RemoteReferenceScorer:
+class RemoteModelScorer:
+    """ReferenceScorer over the pool's frozen-model workers: `role` reference (ref_logprobs, the KL term) or teacher
+    (teacher_logprobs, on-policy distillation; split over its replicas)."""
+
     pool: object
+    role: str = "reference"
 
     def score(self, step: int, groups: list[Group]) -> Batch:
-        """Reference logprobs from the reference worker, written onto the episodes."""
+        """The role's logprobs from its workers, written onto the episodes; timing/<role> (and distill/*)."""
         t0 = time.perf_counter()
-        rows = self.pool.call("reference", "ref_logprobs", groups)
-        for g, row in zip(groups, rows, strict=True):
-            for e, lp in zip(g.episodes, row, strict=True):
-                e.ref_logprobs = lp
-        return groups, {"timing/reference": time.perf_counter() - t0}
+        attach_logprobs(groups, remote_logprobs(self.pool, self.role, groups), LOGPROB_FIELDS[self.role])
+        return groups, scorer_metrics(self.role, groups, time.perf_counter() - t0)
 
 
 @dataclass

@@ -71,7 +71,8 @@ class TrainerWorker(Worker):
         publishes version step+1 when the generators sync to it (`Schedule.syncs_at`). Returns loss/* metrics."""
         self.calls += 1
         adv = self.cfg.advantage
-        episodes, metrics = steps.compute_advantages(groups, adv.name, self.cfg.filter_groups, **adv.params)
+        episodes, metrics = steps.compute_advantages(groups, adv.name, self.cfg.filter_groups, self.cfg.distill,
+                                                     **adv.params)
         metrics.update(self._update_policy(episodes, step))
         self.step = step + 1
         self._publish_after_step(self.step, metrics)

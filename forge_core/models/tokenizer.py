@@ -49,3 +49,21 @@ def end_token_ids(tokenizer, configured) -> list[int]:
             if isinstance(token, int) and token != tokenizer.unk_token_id and token not in ids:
                 ids.append(token)
     return ids
+
+
+def tokenizer_difference(student, teacher) -> str | None:
+    """How `teacher`'s tokenizer differs from `student`'s where token-level scoring needs them equal (vocabulary,
+    special tokens, chat template), or None when it does not: a teacher scores the student's exact token ids."""
+    ours, theirs = student.get_vocab(), teacher.get_vocab()
+    if ours != theirs:
+        changed = sorted(set(ours.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
+        return (f"vocabulary: {len(theirs)} tokens against the student's {len(ours)}; they disagree on e.g. "
+                f"{[token for token, _ in changed]}")
+    for name in ("eos_token", "bos_token", "pad_token", "unk_token"):
+        if getattr(student, name, None) != getattr(teacher, name, None):
+            return f"{name}: {getattr(teacher, name, None)!r} against the student's {getattr(student, name, None)!r}"
+    if student.all_special_tokens != teacher.all_special_tokens:
+        return f"special tokens: {teacher.all_special_tokens} against the student's {student.all_special_tokens}"
+    if (student.chat_template or "") != (teacher.chat_template or ""):
+        return "chat template: the two tokenizers render conversations differently (chat_template differs)"
+    return None

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from forge_core.data.problems import Problem
+from forge_core.distill import DistillConfig
 from forge_core.envs.base import EnvConfig
 from forge_core.generation import TorchGenerator
 from forge_core.recipes.config import EvalConfig, GRPOConfig
@@ -14,7 +15,7 @@ from forge_core.recipes.iteration import Roles, run_grpo_steps, run_iteration
 from forge_core.recipes.local import (
     HistoryRecorder,
     LocalGenerator,
-    LocalReferenceScorer,
+    LocalModelScorer,
     LocalRewardScorer,
     LocalTrainer,
     ScoredDuringRollout,
@@ -40,6 +41,8 @@ class GRPOLoop:
     config: GRPOConfig  # the run-level keys (a RunConfig is one)
     pad_id: int
     ref_model: object | None = None
+    teacher_model: object | None = None  # on-policy distillation: the frozen teacher (with `distill` enabled)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     advantage: dict = field(default_factory=lambda: {"name": "grpo"})  # the advantage section: {name, **params}
     eval: EvalConfig = field(default_factory=EvalConfig)
     correction: RolloutCorrection = field(default_factory=RolloutCorrection)
@@ -52,12 +55,14 @@ class GRPOLoop:
                                self.eval_prompts, run.prompts_per_step, run.group_size, run.seed, sampling,
                                eval_samples=self.eval.samples, fill_rounds=run.refill_rounds,
                                reward=self.reward, trainer=self.trainer, env=self.env)
-        reference = None
+        reference = teacher = None
         if self.ref_model is not None:
-            reference = LocalReferenceScorer(self.ref_model, self.pad_id, sampling.temperature)
+            reference = LocalModelScorer(self.ref_model, self.pad_id, sampling.temperature)
+        if self.distill.enabled:
+            teacher = LocalModelScorer(self.teacher_model, self.pad_id, sampling.temperature, role="teacher")
         self.roles = Roles(local, ScoredDuringRollout() if local.scored_in_rollout else LocalRewardScorer(self.reward),
                            LocalTrainer(self.trainer, self.pad_id, dict(self.advantage), run.filter_groups, run.seed,
-                                        self.correction), reference)
+                                        self.correction, self.distill), reference, teacher)
         # one process, one model: the generator sees every version (a rollout ahead samples before the step
         # trains, so with the weights of then), no checkpoints but the final one
         self.schedule = Schedule(steps=run.steps, eval_every=self.eval.every, max_policy_age=run.max_policy_age)

@@ -31,6 +31,7 @@ class Roles:
     reward: RewardScorer
     trainer: PolicyTrainer
     reference: ReferenceScorer | None = None  # None: no KL term (loss.beta == 0)
+    teacher: ReferenceScorer | None = None  # on-policy distillation (distill.teacher set): writes teacher logprobs
 
 
 def run_iteration(roles: Roles, schedule: Schedule, step: int, ahead: list[PendingBatch],
@@ -38,10 +39,10 @@ def run_iteration(roles: Roles, schedule: Schedule, step: int, ahead: list[Pendi
     """Step `step`: policy version step → step + 1. `ahead` holds the rollouts already started for step, step + 1,
     … (pipelined); returns those of step + 1, … .
 
-        prompts ─▶ rollout(step) ──groups──▶ reward.score ──▶ reference.score ──▶ trainer.train ──▶ weights v+1
-                   (behaviour policy:                           (beta > 0)       (advantages, mini-  │
-                    version schedule.behaviour_version(step))                     batches × epochs)  │
-                   pipelined: rollout_ahead(step+L) starts here, sampled with ≤ v while v trains ◀───┤
+        prompts ─▶ rollout(step) ─▶ reward.score ─▶ reference.score ─▶ teacher.score ─▶ trainer.train ─▶ v+1
+                   (behaviour policy:                (beta > 0)         (distill)        (advantages,   │
+                    version behaviour_version(step))                                      mini-batches) │
+                   pipelined: rollout_ahead(step+L) starts here, sampled with ≤ v while v trains ◀──────┤
                                                         generator.sync(v+1)  when schedule.syncs_at(v+1)
                                                         generator.evaluate   when schedule.evaluates_at(v+1)
                                    recorder.step(v+1) ─▶ trainer.checkpoint  when schedule.checkpoints_at(v+1)
@@ -63,6 +64,9 @@ def run_iteration(roles: Roles, schedule: Schedule, step: int, ahead: list[Pendi
     if roles.reference is not None:
         groups, ref_metrics = roles.reference.score(step, groups)
         metrics.update(ref_metrics)
+    if roles.teacher is not None:
+        groups, teacher_metrics = roles.teacher.score(step, groups)
+        metrics.update(teacher_metrics)
     if schedule.samples_ahead(step):
         queue.append(roles.generator.rollout_ahead(step + schedule.lookahead))
     metrics.update(roles.trainer.train(step, groups))

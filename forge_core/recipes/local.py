@@ -1,5 +1,5 @@
-"""In-process implementations of the role Protocols: one TorchGenerator, one Trainer, reward functions and an
-optional frozen reference model, all in this process (the model is shared by generator and trainer)."""
+"""In-process implementations of the role Protocols: one TorchGenerator, one Trainer, reward functions and
+optional frozen reference and teacher models, all in this process (the model is shared by generator and trainer)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from forge_core.data.problems import Problem
+from forge_core.distill import DistillConfig
 from forge_core.envs.base import EnvConfig
 from forge_core.generation import SamplingParams, TorchGenerator
 from forge_core.protocols import Batch, ReadyBatch
@@ -107,15 +108,20 @@ class ScoredDuringRollout:
 
 
 @dataclass
-class LocalReferenceScorer:
+class LocalModelScorer:
+    """A frozen model in this process scoring the sampled tokens: the reference (`role` reference: ref_logprobs, for
+    the KL term) or the teacher (`role` teacher: teacher_logprobs, on-policy distillation)."""
+
     model: object  # a frozen causal LM
     pad_id: int
     temperature: float = 1.0
+    role: str = "reference"
 
     def score(self, step: int, groups: list[Group]) -> Batch:
         t0 = time.perf_counter()
-        steps.score_reference(self.model, groups, self.pad_id, self.temperature)
-        return groups, {"timing/reference": time.perf_counter() - t0}
+        steps.attach_logprobs(groups, steps.model_logprobs(self.model, groups, self.pad_id, self.temperature),
+                              steps.LOGPROB_FIELDS[self.role])
+        return groups, steps.scorer_metrics(self.role, groups, time.perf_counter() - t0)
 
 
 @dataclass
@@ -128,11 +134,12 @@ class LocalTrainer:
     filter_groups: bool = False
     seed: int = 0  # shuffles the mini-batches of each step
     correction: RolloutCorrection = field(default_factory=RolloutCorrection)
+    distill: DistillConfig | None = None  # on-policy distillation: the teacher's per-token advantage
 
     def train(self, step: int, groups: list[Group]) -> dict[str, float]:
         t0 = time.perf_counter()
         adv = dict(self.advantage)
-        episodes, metrics = steps.compute_advantages(groups, adv.pop("name"), self.filter_groups, **adv)
+        episodes, metrics = steps.compute_advantages(groups, adv.pop("name"), self.filter_groups, self.distill, **adv)
         metrics.update(train_on_episodes(self.trainer, episodes, self.pad_id, step=step, seed=self.seed,
                                          correction=self.correction))
         metrics["timing/train"] = time.perf_counter() - t0

@@ -1,4 +1,4 @@
-"""The step functions of one GRPO iteration (rollout → reward → reference → advantages → train → sync).
+"""The step functions of one GRPO iteration (rollout → reward → reference → teacher → advantages → train → sync).
 
 The in-process roles (recipes/local.py) and the workers (workers/) call these; each takes the components it needs
 explicitly.
@@ -19,6 +19,7 @@ from forge_core.advantages import (
     filter_informative_groups,
 )
 from forge_core.data.problems import Problem
+from forge_core.distill import DistillConfig, assign_distill_advantages, distill_metrics
 from forge_core.envs.base import EnvConfig
 from forge_core.envs.episodes import env_metrics, sample_env_groups
 from forge_core.generation import SamplingParams, TorchGenerator
@@ -143,27 +144,52 @@ def reward_metrics(groups: list[Group], errors: float = 0.0) -> dict[str, float]
 
 
 @torch.no_grad()
-def score_reference(ref_model, groups: list[Group], pad_id: int, temperature: float = 1.0,
-                    micro_batch_size: int = 64) -> None:
-    """Attach reference-model logprobs to every episode (for the KL term)."""
+def model_logprobs(model, groups: list[Group], pad_id: int, temperature: float = 1.0,
+                   micro_batch_size: int = 64) -> list[list[list[float]]]:
+    """The logprobs `model` gives each episode's completion tokens (the exact ids sampled: token-in), shaped
+    groups → episodes → [T]; scored in micro-batches of episodes."""
     episodes = [e for g in groups for e in g.episodes]
+    rows: list[list[float]] = []
     for start in range(0, len(episodes), micro_batch_size):
         part = episodes[start:start + micro_batch_size]
         inputs, targets = episodes_to_train_inputs(part, pad_id)
         batch = collate(inputs, targets["padding_mask"], pad_id)
-        lp, _ = sequence_logprobs(ref_model, batch.tokens, batch.attention_mask, batch.positions, temperature)
-        for e, row in zip(part, lp, strict=True):
-            e.ref_logprobs = row[: len(e.completion.token_ids)].tolist()
+        lp, _ = sequence_logprobs(model, batch.tokens, batch.attention_mask, batch.positions, temperature)
+        rows.extend(row[: len(e.completion.token_ids)].tolist() for e, row in zip(part, lp, strict=True))
+    it = iter(rows)
+    return [[next(it) for _ in g.episodes] for g in groups]
+
+
+def attach_logprobs(groups: list[Group], rows: list[list[list[float]]], field: str) -> None:
+    """Write `rows` (groups → episodes → [T]) onto the episodes as `field` (ref_logprobs or teacher_logprobs)."""
+    for g, row in zip(groups, rows, strict=True):
+        for e, lp in zip(g.episodes, row, strict=True):
+            setattr(e, field, lp)
+
+
+LOGPROB_FIELDS = {"reference": "ref_logprobs", "teacher": "teacher_logprobs"}  # the episode field each role writes
+
+
+def scorer_metrics(role: str, groups: list[Group], seconds: float) -> dict[str, float]:
+    """What scoring with a frozen model reports: timing/<role>, and the distill/* figures of a teacher's scores."""
+    metrics = {f"timing/{role}": seconds}
+    if role == "teacher":
+        metrics.update(distill_metrics(groups))
+    return metrics
 
 
 def compute_advantages(groups: list[Group], name: str = "grpo", drop_uninformative: bool = False,
-                       **kwargs) -> tuple[list[Episode], dict[str, float]]:
-    """Advantages for all episodes; optionally drops all-equal groups (DAPO). Returns (episodes, metrics)."""
+                       distill: DistillConfig | None = None, **kwargs) -> tuple[list[Episode], dict[str, float]]:
+    """Advantages for all episodes; optionally drops all-equal groups (DAPO); with an enabled `distill` section,
+    the teacher's per-token reverse-KL advantage mixed with reward_weight × the group one. Returns (episodes,
+    metrics)."""
     dropped = 0
     if drop_uninformative:
         groups, dropped = filter_informative_groups(groups)
     if groups:
         assign_group_advantages(groups, name, **kwargs)
+        if distill is not None and distill.enabled:
+            assign_distill_advantages(groups, distill)
     episodes = [e for g in groups for e in g.episodes]
     return episodes, {"rollout/dropped_groups": float(dropped)}
 

@@ -31,7 +31,7 @@ def run_pool_iteration(pool, splits, n: int, group_size: int, step: int) -> dict
 
     from forge_core.recipes.iteration import Roles, run_iteration
     from forge_core.recipes.local import HistoryRecorder
-    from workers.remote import RemoteGenerator, RemoteReferenceScorer, RemoteRewardScorer, RemoteTrainer
+    from workers.remote import RemoteGenerator, RemoteModelScorer, RemoteRewardScorer, RemoteTrainer
 
     class UnpinnedGenerator(RemoteGenerator):
         def behaviour_version(self, step: int) -> None:
@@ -40,7 +40,7 @@ def run_pool_iteration(pool, splits, n: int, group_size: int, step: int) -> dict
     cfg = pool.cfg
     schedule = dataclasses.replace(C.run_schedule(cfg), eval_every=0, checkpoint_every=0)
     part = C.ProblemSplits(splits.train[:n], splits.train_prompts[:n], splits.eval, splits.eval_prompts)
-    reference = RemoteReferenceScorer(pool) if C.needs_reference(cfg) else None
+    reference = RemoteModelScorer(pool) if C.needs_reference(cfg) else None
     roles = Roles(UnpinnedGenerator(pool, part, schedule, n, group_size, cfg.seed), RemoteRewardScorer(pool),
                   RemoteTrainer(pool, pool.run_dir / "checkpoints"), reference)
     recorder = HistoryRecorder()
