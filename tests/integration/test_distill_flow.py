@@ -4,10 +4,12 @@ gives the in-process run's numbers, and a killed teacher is replaced without cha
 from __future__ import annotations
 
 import pytest
+from mlflow.tracking import MlflowClient
 
-from cli.reports import show_run
+from cli.reports import compare_runs, show_run
 from flows.grpo import grpo_flow
 from infra.config_checks import load_config
+from infra.tracking import default_tracking_uri
 from runtime.inprocess import run_main_job
 from tests.integration.fault_helpers import TINY, kill_worker_when, recorded_metrics
 
@@ -43,6 +45,10 @@ def test_the_flow_scores_with_a_teacher_worker_and_matches_the_in_process_run(di
     assert all(r["distill/reverse_kl"] > 0 and r["timing/teacher"] > 0 for r in flow_rows)
     info = show_run(distill_run["summary"]["run_id"])
     assert {w["role"] for w in info["workers"]} == {"trainer", "generator", "reward", "teacher"}
+    history = MlflowClient(default_tracking_uri()).get_metric_history(info["mlflow_run_id"], "distill/reverse_kl")
+    assert sorted(m.step for m in history) == list(range(1, STEPS + 1))  # in MLflow, a point per step
+    row = compare_runs([info["run_id"]], ["distill/reverse_kl"])["runs"][0]
+    assert row["teacher"] == distill_run["overrides"]["distill.teacher"] and row["distill/reverse_kl points"] == STEPS
     # the flow's default recipe file with the same overrides
     cfg = load_config("configs/grpo_math_tiny.yaml", distill_run["overrides"])
     local = run_main_job(cfg, run_name="distill-in-process", show=False)
