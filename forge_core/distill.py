@@ -100,12 +100,18 @@ def load_teacher(config: DistillConfig, student_tokenizer, seed: int = 0):
     import torch
 
     from forge_core.models import load_model_and_tokenizer
-    from forge_core.models.tokenizer import tokenizer_difference
 
     model, tokenizer = load_model_and_tokenizer(config.teacher, seed=seed, dtype=getattr(torch, config.dtype))
-    difference = tokenizer_difference(student_tokenizer, tokenizer)
+    check_same_tokenizer(config.teacher, tokenizer, student_tokenizer)
+    return model.to(config.device).eval().requires_grad_(False)
+
+
+def check_same_tokenizer(teacher: str, teacher_tokenizer, student_tokenizer) -> None:
+    """ValueError naming the difference when the teacher's tokenizer is not the student's."""
+    from forge_core.models.tokenizer import tokenizer_difference
+
+    difference = tokenizer_difference(student_tokenizer, teacher_tokenizer)
     if difference is not None:
-        raise ValueError(f"distill.teacher {config.teacher!r} has another tokenizer than the student: {difference}. "
+        raise ValueError(f"distill.teacher {teacher!r} has another tokenizer than the student: {difference}. "
                          "The teacher scores the student's own token ids, so both must share one tokenizer: pick a "
                          "teacher of the student's family (or a checkpoint trained from the student's model)")
-    return model.to(config.device).eval().requires_grad_(False)

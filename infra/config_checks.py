@@ -186,11 +186,22 @@ def pin_teacher(cfg: RunConfig, where: str) -> None:
 
 def check_distill(cfg: RunConfig, where: str) -> None:
     """On-policy distillation trains on every group: dynamic sampling would drop the groups whose rewards are
-    equal, and with them the teacher's signal."""
-    if cfg.distill.enabled and cfg.filter_groups and cfg.distill.reward_weight == 0:
+    equal, and with them the teacher's signal. The teacher's tokenizer must be the student's (checked here, before
+    any worker starts, and again by the teacher when it loads)."""
+    if not cfg.distill.enabled:
+        return
+    if cfg.filter_groups and cfg.distill.reward_weight == 0:
         raise ValueError(f"{where}: filter_groups drops the groups whose rewards are all equal, and distill."
                          "reward_weight 0 trains on the teacher's per-token signal alone, which every group carries: "
                          "set filter_groups: false (and fill_rounds: 1)")
+    from forge_core.distill import check_same_tokenizer
+    from forge_core.models import load_tokenizer
+
+    try:
+        check_same_tokenizer(cfg.distill.teacher, load_tokenizer(cfg.distill.teacher),
+                             load_tokenizer(cfg.sft.init or cfg.model.path))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
 
 
 def check_correction_fits_loss(cfg: RunConfig) -> None:

@@ -46,8 +46,7 @@ def grpo_phase(cfg: RunConfig, model, tok, splits, show: bool) -> list[dict]:
     teacher = load_teacher(cfg.distill, tok, seed=cfg.seed) if cfg.distill.enabled else None
     loop = GRPOLoop(generator, trainer, reward, splits.train, splits.train_prompts, splits.eval, splits.eval_prompts,
                     cfg, tok.pad_token_id, ref_model, teacher, cfg.distill, advantage=cfg.advantage.to_dict(),
-                    eval=cfg.eval,
-                    correction=cfg.rollout_correction, env=cfg.env,
+                    eval=cfg.eval, correction=cfg.rollout_correction, env=cfg.env,
                     max_failed_reward_steps=cfg.reward.max_failed_steps)
     bar = tqdm(total=cfg.steps, desc="grpo", disable=not show, dynamic_ncols=True)
     history: list[dict] = []

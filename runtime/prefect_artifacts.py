@@ -15,8 +15,9 @@ log = logging.getLogger(__name__)
 
 # (column, metric key) of the metrics table; a key a run does not log is left blank
 TABLE_COLUMNS = (("step", "step"), ("reward", "reward/mean"), ("accuracy", "eval/accuracy"), ("loss", "loss/loss"),
-                 ("kl", "loss/kl_mean"), ("reverse kl", "distill/reverse_kl"), ("clip high", "loss/clip_frac_high"), ("clip low", "loss/clip_frac_low"),
-                 ("staleness", "rollout/policy_staleness"), ("seconds", "timing/step"))
+                 ("kl", "loss/kl_mean"), ("reverse kl", "distill/reverse_kl"), ("clip high", "loss/clip_frac_high"),
+                 ("clip low", "loss/clip_frac_low"), ("staleness", "rollout/policy_staleness"),
+                 ("seconds", "timing/step"))
 
 
 def artifact_key(run_id: str, kind: str) -> str:
@@ -27,7 +28,8 @@ def artifact_key(run_id: str, kind: str) -> str:
 
 def metrics_table(rows: list[dict]) -> list[dict]:
     """Step rows (metric dicts with 'step') as table rows with the TABLE_COLUMNS, numbers rounded for reading; runs
-    whose evaluations sample (eval.samples = k) get pass@k and sampled-accuracy columns after the accuracy."""
+    whose evaluations sample (eval.samples = k) get pass@k and sampled-accuracy columns after the accuracy, runs that
+    distill a reverse-KL column."""
     def cell(v):
         if isinstance(v, float):
             return round(v, 4)
@@ -36,7 +38,8 @@ def metrics_table(rows: list[dict]) -> list[dict]:
     sampled = sorted({key for r in rows for key in r if PASS_KEY.fullmatch(key)})
     if sampled:
         sampled.append("eval/sampled_accuracy")
-    columns = list(TABLE_COLUMNS)
+    # the distillation column only for runs that distill
+    columns = [c for c in TABLE_COLUMNS if c[1] != "distill/reverse_kl" or any(c[1] in r for r in rows)]
     at = next(i for i, (_, key) in enumerate(columns) if key == "eval/accuracy") + 1
     columns[at:at] = [(key.removeprefix("eval/").replace("pass_at_", "pass@").replace("_", " "), key)
                       for key in sampled]

@@ -136,8 +136,11 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_difference(tmp_p
 
     path = save_tiny_teacher(tmp_path / "teacher", alphabet, template)
     with pytest.raises(ValueError, match="has another tokenizer than the student") as err:
-        load_teacher(DistillConfig(path), build_char_tokenizer())
+        load_teacher(DistillConfig(path), build_char_tokenizer())  # where the teacher worker loads it
     assert named in str(err.value)
+    # and when the config loads, before any worker starts (the student: model.path's tokenizer)
+    with pytest.raises(ValueError, match=f"defaults \\+ overrides: distill.teacher .* has another tokenizer.*{named}"):
+        load_config(None, {"model.path": "tiny:qwen3-micro", "distill.teacher": path, "dataset.train_size": 1000})
 
 
 def test_an_in_process_step_scores_with_the_teacher_and_trains_on_its_signal(tmp_path):

@@ -60,6 +60,9 @@ def test_metrics_table_has_the_named_columns_and_blanks_for_missing_metrics():
     (row,) = metrics_table([{"step": 3, "reward/mean": 0.123456, "loss/loss": -0.5, "timing/step": 1.0}])
     assert row["step"] == 3 and row["reward"] == 0.1235 and row["loss"] == -0.5 and row["accuracy"] == ""
     assert list(row) == ["step", "reward", "accuracy", "loss", "kl", "clip high", "clip low", "staleness", "seconds"]
+    (distilled,) = metrics_table([{"step": 1, "distill/reverse_kl": 0.58093}])  # a run with a teacher
+    assert list(distilled)[:6] == ["step", "reward", "accuracy", "loss", "kl", "reverse kl"]
+    assert distilled["reverse kl"] == 0.5809
     assert artifact_key("20261205-0123_AB", "metrics") == "forgeflow-20261205-0123-ab-metrics"
 
 
