@@ -261,7 +261,8 @@ def run_report(args) -> int:
     else:
         metrics = args.metric or ["eval/accuracy", "reward/mean"]
         data = R.compare_runs(args.run_ids, metrics, args.out)
-        cols = ["run_id", "name", "loss"] + [f"{m} {k}" for m in metrics for k in ("final", "best", "points")]
+        teachers = ["teacher"] if any(r["teacher"] for r in data["runs"]) else []  # a distillation run among them
+        cols = ["run_id", "name", "loss", *teachers] + [f"{m} {k}" for m in metrics for k in ("final", "best", "points")]
         text = R.render_table(data["runs"], cols) + (f"\nplot: {data['plot']}" if data.get("plot") else "")
     print(R.dumps(data) if args.json else text)
     return 0
