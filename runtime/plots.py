@@ -22,6 +22,7 @@ def plot_curves(histories: dict[str, list[dict]], out: str | Path, keys=("reward
     points = {key: {name: [(r["step"], r[key]) for r in rows if key in r] for name, rows in histories.items()}
               for key in keys}
     drawn = panels_with_data(histories, keys) or list(keys[:1])
+    colour = {name: f"C{i % 10}" for i, name in enumerate(histories)}  # a run keeps its colour in every panel
     fig, axes = plt.subplots(1, len(drawn), figsize=(5 * len(drawn), 3.6), squeeze=False)
     for ax, key in zip(axes[0], drawn):
         for name, pts in points[key].items():
@@ -31,7 +32,8 @@ def plot_curves(histories: dict[str, list[dict]], out: str | Path, keys=("reward
             if key.startswith("reward/") and len(ys) > 10:
                 k = max(1, len(ys) // 25)  # moving average: per-step training reward is noisy
                 ys = [sum(ys[max(0, i - k + 1): i + 1]) / len(ys[max(0, i - k + 1): i + 1]) for i in range(len(ys))]
-            ax.plot(xs, ys, label=name, marker="o" if key.startswith("eval/") else None, markersize=3)
+            ax.plot(xs, ys, label=name, color=colour[name], marker="o" if key.startswith("eval/") else None,
+                    markersize=3)
         if not any(points[key].values()):
             ax.text(0.5, 0.5, f"no {key} points", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(key)
