@@ -100,9 +100,9 @@ def test_every_recipe_still_loads(path, tmp_path, monkeypatch):
     import yaml
 
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path))  # no runs: a distillation recipe's teacher run is not here
-    overrides = {}
-    if (yaml.safe_load(Path(path).read_text()).get("distill") or {}).get("teacher"):
+    overrides, recipe = {}, yaml.safe_load(Path(path).read_text())
+    if (recipe.get("distill") or {}).get("teacher"):
         with pytest.raises(ValueError, match="distill.teacher .* is neither a model directory, a run id or name"):
             load_config(path)
-        overrides = {"distill.teacher": "smollm2-135m-instruct"}  # the recipe's other keys, with a teacher that is
+        overrides = {"distill.teacher": recipe["model"]["path"]}  # the recipe's other keys, the student as teacher
     assert load_config(path, overrides).steps >= 0
