@@ -56,9 +56,10 @@ def tokenizer_difference(student, teacher) -> str | None:
     special tokens, chat template), or None when it does not: a teacher scores the student's exact token ids."""
     ours, theirs = student.get_vocab(), teacher.get_vocab()
     if ours != theirs:
-        changed = sorted(set(ours.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
+        moved = {t for t in ours.keys() & theirs.keys() if ours[t] != theirs[t]}
+        differ = sorted(set(ours) ^ set(theirs) | moved)[:3]  # missing from one, or another id
         return (f"vocabulary: {len(theirs)} tokens against the student's {len(ours)}; they disagree on e.g. "
-                f"{[token for token, _ in changed]}")
+                f"{differ}")
     for name in ("eos_token", "bos_token", "pad_token", "unk_token"):
         if getattr(student, name, None) != getattr(teacher, name, None):
             return f"{name}: {getattr(teacher, name, None)!r} against the student's {getattr(student, name, None)!r}"
