@@ -71,3 +71,16 @@ def test_a_killed_teacher_worker_is_replaced_and_the_run_ends_bitwise_identical(
     assert info["status"] == "completed" and info["final_checkpoint"]["state_sha256"] == reference
     assert sorted(w["restarts"] for w in info["workers"] if w["name"] == "teacher-0") == [0, 1]
     assert [r["step"] for r in recorded_metrics(summary["run_id"])] == list(range(1, STEPS + 1))
+
+
+def test_two_teacher_replicas_split_the_batch_and_give_one_teachers_numbers(distill_run):
+    """distill.num_replicas 2: each teacher worker scores half of every batch (contiguous shards, at the same time);
+    the run's numbers are those of one teacher."""
+    summary = grpo_flow(overrides={**distill_run["overrides"], "distill.num_replicas": 2}, run_name="distill-two")
+    info = show_run(summary["run_id"])
+    teachers = [w for w in info["workers"] if w["role"] == "teacher"]
+    assert sorted(w["name"] for w in teachers) == ["teacher-0", "teacher-1"]
+    one = recorded_metrics(distill_run["summary"]["run_id"])
+    for two, single in zip(recorded_metrics(summary["run_id"]), one, strict=True):
+        for key in COMPARED:
+            assert two[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), (two["step"], key)
