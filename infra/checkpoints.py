@@ -24,6 +24,7 @@ SHARDS = "dcp"
 MARKER = "COMPLETE"
 INFLIGHT = "inflight_rollout.pt"
 HF_DIR = "hf"
+FINAL_DIR = "final"  # <run>/final: an in-process run's final model (HF format; runtime/inprocess.py)
 WORKER_STEP = "worker_step.json"
 
 

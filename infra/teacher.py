@@ -16,9 +16,6 @@ from infra.paths import forgeflow_home
 
 log = logging.getLogger(__name__)
 
-FINAL_DIR = "final"  # an in-process run's final model (runtime/inprocess.py)
-
-
 def resolve_teacher(spec: str, registry_url: str | None = None) -> str:
     """The model directory (or catalog name, or tiny:PRESET) `spec` names; ValueError with the fix otherwise."""
     from forge_core.models.catalog import NAMED_MODELS
@@ -66,5 +63,5 @@ def latest_model_dir(run: Path) -> Path | None:
     for checkpoint in reversed(ckpt.complete_checkpoints(run / "checkpoints")):
         if (checkpoint / ckpt.HF_DIR / "config.json").exists():
             return checkpoint / ckpt.HF_DIR
-    final = run / FINAL_DIR
+    final = run / ckpt.FINAL_DIR
     return final if (final / "config.json").exists() else None

@@ -19,6 +19,7 @@ from forge_core.models.lora import plain_model
 from forge_core.recipes.grpo import GRPOLoop
 from forge_core.recipes.steps import evaluate
 from forge_core.training import Trainer
+from infra import checkpoints as ckpt
 from infra import components as C
 from infra import sft_cache
 from infra.config import RunConfig, dump_config
@@ -94,7 +95,7 @@ def run_main_job(cfg: RunConfig, run_name: str | None = None, show: bool = True)
     before = judge()
     history = grpo_phase(cfg, model, tok, splits, show) if cfg.steps > 0 else []
     after = judge()
-    final = save_model_and_tokenizer(plain_model(model), tok, out / "final")  # LoRA: adapters merged
+    final = save_model_and_tokenizer(plain_model(model), tok, out / ckpt.FINAL_DIR)  # LoRA: adapters merged
     summary = {
         "run_id": run_id, "run_name": run_name, **held_out_summary(before, after),
         "minutes": (time.perf_counter() - start) / 60, "checkpoint": str(final),
