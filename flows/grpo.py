@@ -242,7 +242,7 @@ def train_on_workers(cfg, run_id: str, out, records: RunRecords, splits, init_pa
     record the final checkpoint."""
     logger = get_run_logger()
     with WorkerPool(cfg, out, init_path=init_path, with_reference=C.needs_reference(cfg)) as pool:
-        records.workers(pool)
+        worker_rows = records.workers(pool)
         ctx = RunContext(run_id, cfg, pool, splits, out, records=records)
         register_run(ctx)
         calls = TaskCalls()
@@ -253,6 +253,7 @@ def train_on_workers(cfg, run_id: str, out, records: RunRecords, splits, init_pa
             records.resume_at(start, latest)
             artifacts = RunArtifacts(run_id, cfg.steps)
             artifacts.links(records.mlflow_url or "(no MLflow run)", str(out))
+            artifacts.workers(worker_rows)
             before = roles.generator.evaluate(start)
             records.eval_point(start, before)
             logger.info("held-out accuracy at step %d: %.3f (workers up in %.1fs, %d threads here)", start,
@@ -264,6 +265,8 @@ def train_on_workers(cfg, run_id: str, out, records: RunRecords, splits, init_pa
             logger.info("held-out accuracy at the end (step %d): %.3f (%+.3f)", cfg.steps,
                         after["eval/accuracy"], after["eval/accuracy"] - before["eval/accuracy"])
             records.checkpoint(cfg.steps, final, kind="final")
+            if ctx.recoveries:  # the replacements' nodes
+                artifacts.workers(records.workers(pool))
         finally:
             unregister_run(run_id)
     return RunOutcome(start, before, after, final, calls.count, ctx.recoveries)

@@ -69,7 +69,9 @@ class RewardConfig:
 @dataclass
 class WeightSyncConfig:
     backend: str = "fs"  # fs | shared (one node, shared memory) | torchstore | broadcast
-    root: str | None = None  # null = /dev/shm/forgeflow-<run_id> (one node); a shared path for several nodes
+    # null: /dev/shm/forgeflow-<run_id> on this machine, FORGEFLOW_HOME/weights/<run_id> with launcher slurm (every
+    # node must read FORGEFLOW_HOME); a path every node reads
+    root: str | None = None
     keep: int = 2
     sync_every: int = 1  # publish to the generators every N steps (> 1 needs max_policy_age >= N)
 
@@ -89,6 +91,10 @@ class CheckpointConfig:
     keep: int = 3
 
 
+NODE_LOSS = ("move", "wait")
+PLACED_ROLES = ("trainer", "generator", "reward", "reference", "teacher", "env")
+
+
 @dataclass
 class SlurmConfig:
     partition: str | None = None
@@ -100,6 +106,28 @@ class SlurmConfig:
     account: str | None = None
     qos: str | None = None
     extra: dict = field(default_factory=dict)
+    # with nodes > 1: the node (0 … nodes-1) each role's workers run on, or a list of nodes for a multi-rank role
+    # whose ranks spread evenly over them (trainer: [0, 1]); roles left out take workers/plan.py's default
+    # (trainer, reference and teacher on node 0, generators, rewards and environments on the others)
+    placement: dict = field(default_factory=dict)
+    # a node that stops answering: `move` its roles to the nodes still up (they share them), or `wait` for it to
+    # come back (its replacements stay pending until Slurm returns the node to service)
+    on_node_loss: str = "move"
+
+    def check(self, where: str) -> None:
+        """on_node_loss is a choice; placement names roles and nodes that exist."""
+        if self.on_node_loss not in NODE_LOSS:
+            raise ValueError(f"{where}: slurm.on_node_loss = {self.on_node_loss!r} is not one of {list(NODE_LOSS)} "
+                             "(move: replace a lost node's roles on the nodes still up; wait: until it comes back)")
+        for role, nodes in self.placement.items():
+            if role not in PLACED_ROLES:
+                raise ValueError(f"{where}: slurm.placement.{role}: no such role; place one of {list(PLACED_ROLES)}")
+            listed = nodes if isinstance(nodes, list) else [nodes]
+            if not listed or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < self.nodes
+                                     for n in listed) or len(set(listed)) != len(listed):
+                raise ValueError(f"{where}: slurm.placement.{role} = {nodes!r}: give a node index 0 … "
+                                 f"{self.nodes - 1} (slurm.nodes = {self.nodes}), or a list of distinct ones for "
+                                 "ranks spread over several nodes")
 
 
 @dataclass

@@ -65,6 +65,7 @@ def validate(cfg: RunConfig, where: str) -> RunConfig:
     check_trainer_environment(cfg, where)
     check_sft_batch(cfg, where)
     check_teacher(cfg, where)
+    cfg.slurm.check(where)
     check_distill(cfg, where)
     g = cfg.generator
     if g.kv_cache_gb < 0:

@@ -285,11 +285,20 @@ class RunRecords:
         self.flush()  # steps up to here can no longer be rolled back
         return ck_id
 
-    def workers(self, pool) -> None:
-        """Record the pool's workers (role, job id, host, pid)."""
+    def workers(self, pool) -> list[dict]:
+        """Record the pool's workers (role, job id, node, pid) in the registry and as MLflow tags `worker/NAME`;
+        returns them as rows."""
+        rows = []
         with session_scope(self.registry_url) as s:
             for role, members in pool.members.items():
                 for m in members:
                     h = m.client.last_health if m.client else {}
-                    repo.record_worker(s, self.run_id, m.spec.name, role, str(m.job.job_id), h.get("host"),
+                    node = h.get("node") or h.get("host")
+                    repo.record_worker(s, self.run_id, m.spec.name, role, str(m.job.job_id), node,
                                        h.get("pid"), pool.startup_s.get(m.spec.name))
+                    rows.append({"worker": m.spec.name, "role": role, "job": str(m.job.job_id), "node": node,
+                                 "pid": h.get("pid")})
+        if self.mlflow_run_id:
+            self.tracker.set_tags(self.mlflow_run_id, {f"worker/{r['worker']}": f"{r['node']} (job {r['job']})"
+                                                       for r in rows})
+        return rows

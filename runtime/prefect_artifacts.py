@@ -73,6 +73,13 @@ class RunArtifacts:
                               description=f"run {self.run_id}: per-step metrics through step "
                                           f"{rows[-1]['step'] if rows else 0}")
 
+    def workers(self, rows: list[dict]) -> None:
+        """Where each worker runs: its role, Slurm (or local) job, node and pid."""
+        from prefect.artifacts import create_table_artifact
+
+        create_table_artifact(rows, key=artifact_key(self.run_id, "workers"),
+                              description=f"run {self.run_id}: workers and the nodes they run on")
+
     def samples(self, step: int, markdown: str) -> None:
         """Sampled prompts and completions (with rewards and advantages) of step `step`'s batch."""
         from prefect.artifacts import create_markdown_artifact

@@ -30,7 +30,8 @@ class Worker:
 
     def health(self) -> dict:
         """pid, host, role, policy version, step, uptime and threads of this worker."""
-        return {"pid": os.getpid(), "host": socket.gethostname(), "role": self.role,
+        return {"pid": os.getpid(), "host": socket.gethostname(), "node": os.environ.get("SLURMD_NODENAME"),
+                "role": self.role,
                 "policy_version": self.policy_version, "step": self.step, "calls": self.calls,
                 "uptime_s": time.time() - self.started, "threads": torch.get_num_threads()}
 

@@ -49,6 +49,9 @@ class WorkerClient:
         self.job_check_s = 5.0
         self._job_done_takes_force = job is not None and hasattr(job, "done") and _accepts_force(job)
         self._last_forced_check = time.monotonic()
+        self.last_contact: float | None = None  # when a ping was last answered (start_pinging)
+        self.silent_after_s: float | None = None
+        self._stop_pinging = threading.Event()
 
     @property
     def role(self) -> str:
@@ -96,12 +99,40 @@ class WorkerClient:
         _, type_name, message, tb = reply
         raise WorkerCallError(self.name, method, type_name, message, tb)
 
+    def start_pinging(self, silent_after_s: float, interval_s: float = 2.0) -> None:
+        """Ping the worker every `interval_s` on a connection of its own (answered without waiting for a call in
+        progress); a worker silent for `silent_after_s` is dead (a partitioned node). The worker exits by itself
+        after its own, shorter, silence (workers.heartbeat_stale_s), so it is gone before it is replaced."""
+        self.silent_after_s, self.last_contact = silent_after_s, time.monotonic()
+        threading.Thread(target=self._ping_loop, args=(interval_s,), daemon=True, name=f"ping-{self.name}").start()
+
+    def _ping_loop(self, interval_s: float) -> None:
+        conn = None
+        while not self._stop_pinging.wait(interval_s):
+            try:
+                conn = conn or connect_authenticated(self.rendezvous.address, self._authkey, interval_s)
+                send_message(conn, ("ping", (), {}))
+                if not conn.poll(interval_s):
+                    raise TimeoutError(f"no answer within {interval_s:.0f}s")
+                receive_message(conn)
+                self.last_contact = time.monotonic()
+            except (OSError, EOFError, AuthenticationError) as exc:  # silence is the signal; death_reason says it
+                log.debug("ping of %s failed: %s", self.name, exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
     def death_reason(self) -> str | None:
         """Why the worker is dead, or None while it looks alive. A finished job is dead whatever its state
         string says: submitit reports a SIGKILLed local job as FINISHED."""
         rv = self.rendezvous
         if rv.host in ("127.0.0.1", "localhost", socket.gethostname()) and not pid_alive(rv.pid):
             return f"process {rv.pid} is gone"
+        if self.last_contact is not None and time.monotonic() - self.last_contact > self.silent_after_s:
+            return (f"no answer to pings for {time.monotonic() - self.last_contact:.0f}s from "
+                    f"{rv.host}:{rv.port} (node down or cut off)")
         job = self.job
         if job is None or not hasattr(job, "done"):
             return None
@@ -112,6 +143,9 @@ class WorkerClient:
         if job.done(force_check=force) if self._job_done_takes_force else job.done():
             return f"job {self.job_id} ended (state {getattr(job, 'state', '?')})"
         return None
+
+    def stop_pinging(self) -> None:
+        self._stop_pinging.set()
 
     def close(self) -> None:
         with self._lock:

@@ -47,6 +47,7 @@ class WorkerSpec:
     controller_host: str | None = None
     heartbeat: str | None = None
     heartbeat_stale_s: float = 60.0
+    network_liveness: bool = False  # exit also when the controller's pings stop for heartbeat_stale_s (other nodes)
     bind_host: str = "127.0.0.1"
     env: dict = field(default_factory=dict)
 
@@ -79,10 +80,12 @@ def run_worker(spec: WorkerSpec) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s [{spec.name}] %(name)s: %(message)s")
     exit_on_sigterm(spec.name)
     rank, world = init_distributed(spec)
-    from workers.server import WorkerServer, watch_controller
+    from workers.server import ContactClock, WorkerServer, watch_controller
 
+    contact = ContactClock()
     watch_controller(spec.controller_pid, spec.controller_host,
-                     Path(spec.heartbeat) if spec.heartbeat else None, spec.heartbeat_stale_s)
+                     Path(spec.heartbeat) if spec.heartbeat else None, spec.heartbeat_stale_s,
+                     contact=contact if spec.network_liveness and rank == 0 else None)
     worker = build_worker(spec)
     log.info("%s built on %s (pid %d, rank %d/%d)", spec.name, socket.gethostname(), os.getpid(), rank, world)
     try:
@@ -90,7 +93,7 @@ def run_worker(spec: WorkerSpec) -> int:
             worker.follow()
         else:
             WorkerServer(worker, spec.role, Path(spec.rendezvous), read_authkey(spec.key_path),
-                         spec.bind_host).serve_forever()
+                         spec.bind_host, contact=contact).serve_forever()
     finally:
         if world > 1:
             from infra.dist_store import close_job_process_group

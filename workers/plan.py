@@ -50,6 +50,7 @@ class JobPlan:
     nodes: int = 1
     gpus_per_node: int = 0
     devices: tuple[int, ...] = ()  # local launcher: the GPU indices this job sees (CUDA_VISIBLE_DEVICES)
+    slots: tuple[int, ...] = ()  # slurm.nodes > 1: the nodes (0 … nodes-1) the job is placed on; () = Slurm's pick
 
     @property
     def tasks_per_node(self) -> int:
@@ -83,6 +84,32 @@ def sft_in_workers(cfg: RunConfig) -> bool:
     return cfg.trainer.procs > 1 or uses_gpu(cfg, "trainer")
 
 
+FIRST_NODE_ROLES = ("trainer", "reference", "teacher")  # the models that train or score beside the trainer
+
+
+def placed_nodes(cfg: RunConfig, role: str, index: int) -> tuple[int, ...]:
+    """The nodes replica `index` of `role` is placed on (slurm.nodes > 1): slurm.placement's, else the trainer,
+    reference and teacher on node 0 and the other roles' replicas round-robin over nodes 1 …; () with one node."""
+    nodes = cfg.slurm.nodes if cfg.launcher == "slurm" else 1
+    if nodes == 1:
+        return ()
+    given = cfg.slurm.placement.get(role)
+    if given is not None:
+        return tuple(given) if isinstance(given, list) else (given,)
+    return (0,) if role in FIRST_NODE_ROLES else (1 + index % (nodes - 1),)
+
+
+def place_job(job: JobPlan, cfg: RunConfig, index: int) -> None:
+    """Set the job's placement: a list of nodes in slurm.placement spreads its ranks evenly over them."""
+    job.slots = placed_nodes(cfg, job.role, index)
+    if len(job.slots) > 1:
+        if job.procs % len(job.slots):
+            raise ValueError(f"slurm.placement.{job.role} = {list(job.slots)}: {job.procs} ranks "
+                             f"({job.role}.procs) do not split evenly over {len(job.slots)} nodes; use a multiple "
+                             f"of {len(job.slots)} ranks or fewer nodes")
+        job.nodes = len(job.slots)
+
+
 def plan_jobs(cfg: RunConfig, with_reference: bool) -> list[JobPlan]:
     """One JobPlan per worker; a multi-rank GPU role larger than a node spans ceil(procs / gpus_per_node) nodes."""
     jobs, next_device = [], 0
@@ -91,19 +118,21 @@ def plan_jobs(cfg: RunConfig, with_reference: bool) -> list[JobPlan]:
         vllm = role.role == "generator" and cfg.generator.backend == "vllm"
         for index in range(role.replicas):
             job = JobPlan(f"{role.role}-{index}", role.role, 1 if vllm else role.procs)
+            place_job(job, cfg, index)
             if uses_gpu(cfg, role.role):
                 gpn = cfg.slurm.gpus_per_node
-                if cfg.launcher == "local" or role.procs <= gpn:
+                if cfg.launcher == "local" or (role.procs <= gpn and job.nodes == 1):
                     job.gpus_per_node = role.procs
                 elif vllm:
                     raise ValueError(f"generator.procs = {role.procs} exceeds slurm.gpus_per_node ({gpn}): vLLM "
                                      "tensor parallelism stays within one node; lower generator.procs")
                 else:
-                    job.nodes = math.ceil(role.procs / gpn)
-                    if role.procs % job.nodes:
-                        raise ValueError(f"{role.role}: {role.procs} ranks do not split evenly over {job.nodes} "
-                                         f"nodes of {gpn} GPUs; use a multiple of slurm.gpus_per_node ({gpn}) for "
-                                         f"{role.role}.procs")
+                    if job.nodes == 1:  # larger than a node: Slurm picks the nodes
+                        job.nodes, job.slots = math.ceil(role.procs / gpn), ()
+                        if role.procs % job.nodes:
+                            raise ValueError(f"{role.role}: {role.procs} ranks do not split evenly over "
+                                             f"{job.nodes} nodes of {gpn} GPUs; use a multiple of "
+                                             f"slurm.gpus_per_node ({gpn}) for {role.role}.procs")
                     job.gpus_per_node = job.tasks_per_node
                 if cfg.launcher == "local":  # one machine: hand out device indices
                     job.devices = tuple(range(next_device, next_device + job.gpus))
@@ -159,7 +188,8 @@ def render_plan(cfg: RunConfig, jobs: list[JobPlan], config_path: str, sft: bool
              backends,
              f"  {'job':<14}{'role':<11}{'ranks':>6}{'nodes':>7}{'GPUs/node':>11}{'GPUs':>6}"]
     for j in jobs:
-        lines.append(f"  {j.name:<14}{j.role:<11}{j.procs:>6}{j.nodes:>7}{j.gpus_per_node:>11}{j.gpus:>6}")
+        placed = f"  on node {','.join(map(str, j.slots))}" if j.slots else ""
+        lines.append(f"  {j.name:<14}{j.role:<11}{j.procs:>6}{j.nodes:>7}{j.gpus_per_node:>11}{j.gpus:>6}{placed}")
     for j in jobs:
         if j.devices:
             lines.append(f"  {j.name} sees CUDA devices {','.join(map(str, j.devices))}")

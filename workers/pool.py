@@ -22,6 +22,7 @@ from pathlib import Path
 
 from infra.config import RunConfig, config_to_dict, redact_secrets
 from infra.launcher import make_executor
+from infra.launcher.slurm_nodes import JobVerdict, await_job_verdict, partition_nodes, slurmd_timeout_s
 from infra.weightsync import DIRECTORY_BACKENDS, default_store_root, open_weight_store
 from workers.client import WorkerClient
 from workers.entry import WorkerSpec, run_worker
@@ -42,6 +43,9 @@ class Member:
 
 
 WEIGHT_GROUP_ATTEMPTS = 3  # a fresh group (new store, new port) per attempt
+# a worker cut off from the controller exits after workers.heartbeat_stale_s of silence; the controller declares it
+# lost this much later, so that the lost worker is gone before its replacement starts (no role runs twice)
+PING_MARGIN_S = 5.0
 
 
 def await_members(clients: list, patience_s: float, poll_s: float = 1.0) -> None:
@@ -64,6 +68,9 @@ class WorkerPool:
     with_reference: bool = False
     roles: tuple[str, ...] | None = None  # start only these roles (default: all the run needs)
     members: dict[str, list[Member]] = field(default_factory=dict)
+    node_names: dict[int, str] = field(default_factory=dict)  # slurm.nodes > 1: the plan's node index → Slurm node
+    lost_nodes: set[str] = field(default_factory=set)  # nodes that stopped answering (moved away from)
+    losses: dict[str, JobVerdict] = field(default_factory=dict)  # worker name → Slurm's verdict on its lost job
 
     def __post_init__(self):
         self.run_dir = Path(self.run_dir)
@@ -75,7 +82,8 @@ class WorkerPool:
         with os.fdopen(fd, "wb") as f:
             f.write(self._authkey)
         self.heartbeat_path = self.workers_dir / "controller.heartbeat"
-        self.store_root = self.cfg.weightsync.root or str(default_store_root(self.run_dir.name))
+        self.store_root = self.cfg.weightsync.root or str(
+            default_store_root(self.run_dir.name, nodes_share_memory=self.cfg.launcher != "slurm"))
         self._stop = threading.Event()
         self._rr: dict[str, itertools.cycle] = {}
         self.startup_s: dict[str, float] = {}
@@ -100,6 +108,7 @@ class WorkerPool:
             open_weight_store(self.cfg.weightsync.backend, self.store_root).clear()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="pool-heartbeat").start()
         check_capacity(self.cfg, plan_jobs(self.cfg, self.with_reference))
+        self._assign_nodes()
         for plan in plan_roles(self.cfg, self.with_reference):
             if self.roles is not None and plan.role not in self.roles:
                 continue
@@ -219,15 +228,17 @@ class WorkerPool:
             key_path=str(self.key_path), store_root=self.store_root, store_backend=self.cfg.weightsync.backend,
             init_path=self.init_path, threads=self.cfg.workers.threads, controller_pid=os.getpid(),
             controller_host=socket.gethostname(), heartbeat=None if inline else str(self.heartbeat_path),
-            heartbeat_stale_s=self.cfg.workers.heartbeat_stale_s,
+            heartbeat_stale_s=self.cfg.workers.heartbeat_stale_s, network_liveness=self.cfg.launcher == "slurm",
             bind_host="0.0.0.0" if self.cfg.launcher == "slurm" else "127.0.0.1",
             env={"OMP_NUM_THREADS": str(self.cfg.workers.threads)})
         job_plan = next(j for j in plan_jobs(self.cfg, self.with_reference) if j.name == name)
+        nodes = self._placement(job_plan)
         executor = make_executor(self.cfg, self.workers_dir / "jobs", tasks=job_plan.tasks_per_node,
                                  gpus=job_plan.gpus_per_node, name=f"ff-{name}", nodes=job_plan.nodes,
-                                 devices=job_plan.devices)
+                                 devices=job_plan.devices, placement=nodes)
         job = executor.submit(run_worker, spec)
-        log.info("submitted %s as job %s (%s launcher, %d proc)", name, job.job_id, self.cfg.launcher, plan.procs)
+        log.info("submitted %s as job %s (%s launcher, %d proc%s)", name, job.job_id, self.cfg.launcher, plan.procs,
+                 "".join(f", {k} {v}" for k, v in nodes.items()))
         return Member(spec, job, started_s=time.monotonic())
 
     def _wait_role(self, role: str) -> None:
@@ -243,6 +254,8 @@ class WorkerPool:
             if rv is not None:
                 m.client = WorkerClient(m.spec.name, rv, self._authkey, m.job, self.cfg.workers.call_timeout_s)
                 m.client.call("health", timeout=60)
+                if m.spec.network_liveness:
+                    m.client.start_pinging(self.cfg.workers.heartbeat_stale_s + PING_MARGIN_S)
                 log.info("%s healthy: pid %d on %s:%d", m.spec.name, rv.pid, rv.host, rv.port)
                 return
             if m.job.done():
@@ -254,13 +267,67 @@ class WorkerPool:
                                    f"SLURM check `squeue`).\n--- stderr tail ---\n{stderr_tail(m.job)}")
             time.sleep(0.1)
 
+    def _assign_nodes(self) -> None:
+        """slurm.nodes > 1: the Slurm nodes the plan's node indices stand for (the partition's first usable ones)."""
+        if self.cfg.launcher != "slurm" or self.cfg.slurm.nodes == 1:
+            return
+        nodes = partition_nodes(self.cfg.slurm.partition)
+        usable = [n.name for n in nodes if n.usable]
+        if len(usable) < self.cfg.slurm.nodes:
+            raise ValueError(f"slurm.nodes = {self.cfg.slurm.nodes} but partition "
+                             f"{self.cfg.slurm.partition or '(default)'} has {len(usable)} node(s) up "
+                             f"({', '.join(f'{n.name} {n.state}' for n in nodes) or 'none'}, `sinfo -N`): lower "
+                             "slurm.nodes, or bring nodes back (`scontrol update nodename=… state=resume`)")
+        self.node_names = dict(enumerate(usable[: self.cfg.slurm.nodes]))
+        log.info("placing workers on Slurm nodes %s", ", ".join(f"{i}={n}" for i, n in self.node_names.items()))
+
+    def _placement(self, job_plan) -> dict[str, str]:
+        """The job's sbatch placement: its planned nodes (--nodelist), else away from lost nodes (--exclude)."""
+        if job_plan.slots and self.node_names:
+            return {"nodelist": ",".join(dict.fromkeys(self.node_names[i] for i in job_plan.slots))}
+        if self.lost_nodes and self.cfg.slurm.on_node_loss == "move":
+            return {"exclude": ",".join(sorted(self.lost_nodes))}
+        return {}
+
+    def _release_lost_job(self, m: Member) -> None:
+        """A lost worker's Slurm job: wait for Slurm's verdict; a lost node's job is left to Slurm (it ends it
+        NODE_FAIL; a cancel would hide that), any other is cancelled. slurm.on_node_loss `move` re-places the lost
+        node's roles on the nodes still up; `wait` keeps them pinned there until Slurm returns it to service."""
+        verdict = await_job_verdict(str(m.job.job_id), slurmd_timeout_s() + 5)
+        self.losses[m.spec.name] = verdict
+        log.warning("%s lost: %s", m.spec.name, verdict.describe())
+        if not verdict.lost_nodes:
+            if verdict.state in ("RUNNING", "PENDING", "COMPLETING"):
+                m.job.cancel()
+            return
+        if self.cfg.slurm.on_node_loss == "wait":
+            log.warning("waiting for node %s to come back (slurm.on_node_loss: wait)", ", ".join(verdict.lost_nodes))
+            return
+        self.lost_nodes.update(verdict.lost_nodes)
+        up = [n.name for n in partition_nodes(self.cfg.slurm.partition) if n.usable and n.name not in self.lost_nodes]
+        if not up:
+            raise RuntimeError(f"{m.spec.name}: node {', '.join(verdict.lost_nodes)} was lost and no other node of "
+                               "the partition is up to move its roles to; set slurm.on_node_loss: wait to wait for "
+                               "it (`sinfo -N`)")
+        spare = [n for n in up if n not in self.node_names.values()] or up  # an unused node first, else share one
+        for index, name in self.node_names.items():
+            if name in self.lost_nodes:
+                self.node_names[index] = spare[0]
+                log.warning("node %d moves from %s to %s (slurm.on_node_loss: move)", index, name, spare[0])
+
     def _stop_member(self, m: Member, grace_s: float = 10.0) -> None:
-        if m.client is not None and m.client.death_reason() is None:
+        lost = m.client is None or m.client.death_reason() is not None
+        if m.client is not None:
+            m.client.stop_pinging()
+        if not lost:
             try:
                 m.client.call("shutdown", timeout=grace_s)
             except WorkerLost:
-                pass  # already gone: nothing to stop
+                lost = True  # already gone: nothing to stop
             m.client.close()
+        if lost and self.cfg.launcher == "slurm":
+            self._release_lost_job(m)
+            return
         deadline = time.monotonic() + grace_s
         while not m.job.done() and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 CALLS = ("generate", "train", "logprobs", "score", "load_weights", "publish_weights", "save_checkpoint",
          "load_checkpoint", "evaluate", "rollout", "health", "shutdown", "open_weight_group", "join_weight_group",
-         "await_weight_group", "sft_step", "save_pretrained", "end_ids", "reset_envs", "step_envs", "finish_envs")
+         "await_weight_group", "sft_step", "save_pretrained", "end_ids", "reset_envs", "step_envs", "finish_envs",
+         "ping")
 
 
 def send_message(conn, obj) -> None:

@@ -40,7 +40,8 @@ class WorkerServer:
     """Listens on `bind_host`, writes the rendezvous file, dispatches calls to `worker` until `shutdown`."""
 
     def __init__(self, worker, role: str, rendezvous_path: Path, authkey: bytes, bind_host: str = "127.0.0.1",
-                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, max_pending: int = MAX_PENDING_HANDSHAKES):
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, max_pending: int = MAX_PENDING_HANDSHAKES,
+                 contact: ContactClock | None = None):
         self.worker, self.role, self.rendezvous_path = worker, role, Path(rendezvous_path)
         self.authkey = require_authkey(authkey, f"{role} worker")
         self.listener = socket.create_server((bind_host, 0), backlog=512)
@@ -51,6 +52,7 @@ class WorkerServer:
         self.call_lock = threading.Lock()
         self.rejected = 0  # connections that never proved the key: closed, timed out, garbage, wrong key, flood
         self.last_calls: dict[str, tuple[float, float]] = {}  # method -> wall-clock (start, end) of its last call
+        self.contact = contact or ContactClock()  # when the controller was last heard (calls and pings)
         self._counter_lock = threading.Lock()
         self._last_warning = float("-inf")
 
@@ -117,6 +119,7 @@ class WorkerServer:
                     method, args, kwargs = receive_message(conn)
                 except (EOFError, OSError):
                     return
+                self.contact.touch()
                 reply = self._dispatch(method, args, kwargs)
                 try:
                     send_message(conn, reply)
@@ -127,6 +130,8 @@ class WorkerServer:
                     return
 
     def _dispatch(self, method: str, args: tuple, kwargs: dict) -> tuple:
+        if method == "ping":  # the controller's liveness probe: no lock, no work
+            return ("ok", True)
         if method not in CALLS or not hasattr(self.worker, method):
             return ("error", "ValueError", f"{self.role} worker has no call {method!r}", "")
         try:
@@ -144,11 +149,28 @@ class WorkerServer:
             return ("error", type(exc).__name__, str(exc), traceback.format_exc())
 
 
-def watch_controller(controller_pid: int | None, controller_host: str | None, heartbeat_path: Path | None,
-                     stale_after_s: float = 60.0, on_lost=None, interval_s: float = 1.0) -> threading.Thread:
-    """Exit the process (or call on_lost) when the controller pid is gone or its heartbeat file goes stale.
+class ContactClock:
+    """When an authenticated peer (the controller) last sent this worker anything."""
 
-    The pid check works on the controller's host; the heartbeat file covers workers on other nodes."""
+    def __init__(self):
+        self.last: float | None = None
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+
+    def age(self) -> float | None:
+        """Seconds since the last contact; None before the first."""
+        return None if self.last is None else time.monotonic() - self.last
+
+
+def watch_controller(controller_pid: int | None, controller_host: str | None, heartbeat_path: Path | None,
+                     stale_after_s: float = 60.0, on_lost=None, interval_s: float = 1.0,
+                     contact: ContactClock | None = None) -> threading.Thread:
+    """Exit the process (or call on_lost) when the controller pid is gone, its heartbeat file goes stale, or (with
+    `contact`) it has not been heard over the network for `stale_after_s`.
+
+    The pid check works on the controller's host; the heartbeat file covers workers on other nodes; the network
+    check covers a partition, which a shared filesystem may not see (the controller pings every 2 s)."""
     on_lost = on_lost or (lambda why: (log.error("controller lost (%s): worker exiting", why), os._exit(3)))
     same_host = controller_host in (None, socket.gethostname())
     same_host_pid = controller_pid if controller_pid and same_host else None
@@ -167,6 +189,10 @@ def watch_controller(controller_pid: int | None, controller_host: str | None, he
                 if age > stale_after_s:
                     on_lost(f"heartbeat {heartbeat_path} is {age:.0f}s old")
                     return
+            silent = contact.age() if contact is not None else None
+            if silent is not None and silent > stale_after_s:
+                on_lost(f"no word from the controller over the network for {silent:.0f}s (a partition?)")
+                return
 
     thread = threading.Thread(target=loop, daemon=True, name="controller-watch")
     thread.start()

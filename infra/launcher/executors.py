@@ -51,8 +51,9 @@ def detach_local_jobs_from_terminal() -> None:
 
 
 def make_executor(cfg: RunConfig, folder: Path, tasks: int = 1, gpus: int = 0, name: str = "forgeflow",
-                  nodes: int = 1, devices: tuple[int, ...] = ()):
-    """A submitit executor for one worker job: `nodes` nodes, `tasks` ranks and `gpus` accelerators on each."""
+                  nodes: int = 1, devices: tuple[int, ...] = (), placement: dict | None = None):
+    """A submitit executor for one worker job: `nodes` nodes, `tasks` ranks and `gpus` accelerators on each;
+    `placement` is Slurm's nodelist / exclude."""
     import submitit
 
     if cfg.launcher == "local":
@@ -66,8 +67,11 @@ def make_executor(cfg: RunConfig, folder: Path, tasks: int = 1, gpus: int = 0, n
     if cfg.launcher == "slurm":
         s = cfg.slurm
         ex = submitit.SlurmExecutor(folder=str(folder))
+        # never requeued by Slurm (after a node failure, say): the pool has already replaced the worker, and a
+        # requeued job would run the role twice
         params = {"job_name": name, "nodes": nodes, "ntasks_per_node": tasks, "cpus_per_task": s.cpus_per_task,
-                  "time": slurm_minutes(s.time), "additional_parameters": dict(s.extra)}
+                  "time": slurm_minutes(s.time), "additional_parameters": {"no_requeue": True, **s.extra},
+                  **(placement or {})}
         if gpus:
             params["gpus_per_node"] = gpus
         for key in ("partition", "mem", "account", "qos"):

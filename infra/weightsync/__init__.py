@@ -14,10 +14,11 @@ BACKENDS = ("fs", "shared", "torchstore", "broadcast")
 DIRECTORY_BACKENDS = ("fs", "shared")  # stores under weightsync.root (default /dev/shm/forgeflow-<run>)
 
 
-def default_store_root(run_id: str) -> Path:
-    """/dev/shm/forgeflow-<run_id> when /dev/shm exists (one node), else FORGEFLOW_HOME/weights/<run_id>."""
+def default_store_root(run_id: str, nodes_share_memory: bool = True) -> Path:
+    """/dev/shm/forgeflow-<run_id> when /dev/shm exists and every worker shares it (one machine), else
+    FORGEFLOW_HOME/weights/<run_id> (Slurm: every node reads FORGEFLOW_HOME; each node has its own /dev/shm)."""
     shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
+    if nodes_share_memory and shm.is_dir() and os.access(shm, os.W_OK):
         return shm / f"forgeflow-{run_id}"
     from infra.paths import forgeflow_home
 
