@@ -35,10 +35,10 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/forgeflow grpo --config configs/grpo_smollm2.yaml --run-name make-run
 
-# services the integration tests use (as root: installs slurm-wlm + munge with apt and starts a one-node cluster;
-# installs Debian's chromium for the browser tests of the UIs)
+# services the integration tests use (as root: installs slurm-wlm, munge, slurmdbd and MariaDB with apt and starts a
+# two-node cluster, each node a network namespace; installs Debian's chromium for the browser tests of the UIs)
 services:
-	@if [ "$$(id -u)" = 0 ]; then infra/slurm/setup_cluster.sh; else echo "not root: Slurm tests will fail"; fi
+	@if [ "$$(id -u)" = 0 ]; then infra/slurm/setup_cluster.sh --nodes 2; else echo "not root: Slurm tests will fail"; fi
 	@infra/setup_browser.sh || echo "no chromium: the browser tests will fail"
 
 test: $(STAMP) services

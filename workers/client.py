@@ -147,6 +147,17 @@ class WorkerClient:
     def stop_pinging(self) -> None:
         self._stop_pinging.set()
 
+    def await_lease_end(self) -> None:
+        """Once pinging stopped: wait until the worker has gone unheard for `silent_after_s`. A worker exits by
+        itself after a shorter silence, so by then it is gone even if it is only cut off (a partition)."""
+        if self.last_contact is None:
+            return
+        left = self.last_contact + self.silent_after_s - time.monotonic()
+        if left > 0:
+            log.warning("%s: waiting %.0fs until it has certainly exited (no answer since %.0fs)", self.name, left,
+                        time.monotonic() - self.last_contact)
+            time.sleep(left)
+
     def close(self) -> None:
         with self._lock:
             if self.conn is not None:

@@ -300,6 +300,8 @@ class WorkerPool:
             if verdict.state in ("RUNNING", "PENDING", "COMPLETING"):
                 m.job.cancel()
             return
+        if m.client is not None:
+            m.client.await_lease_end()  # the cut-off worker has exited by itself: no role runs twice
         if self.cfg.slurm.on_node_loss == "wait":
             log.warning("waiting for node %s to come back (slurm.on_node_loss: wait)", ", ".join(verdict.lost_nodes))
             return
