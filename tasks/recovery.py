@@ -75,7 +75,7 @@ def restart_dead_roles(ctx: RunContext, role: str, reason: str) -> int:
     else:
         raise WorkerLost(role, "-", f"could not recover {sorted(dead)} in {RECOVERY_ROUNDS} rounds ({reason})")
     seconds = time.perf_counter() - t0
-    slurm = slurm_losses(ctx.pool, restarted)
+    slurm = {lost: text for lost in dict.fromkeys(restarted) if (text := ctx.pool.describe_losses(lost))}
     for lost in dict.fromkeys(restarted):
         ctx.recoveries.append({"role": lost, "reason": reason, "trainer_step": step, "seconds": seconds,
                                **({"slurm": slurm[lost]} if lost in slurm else {})})
@@ -85,17 +85,6 @@ def restart_dead_roles(ctx: RunContext, role: str, reason: str) -> int:
     log.warning("recovered %s (%s%s): trainer at step %d", ", ".join(dict.fromkeys(restarted)), reason, where, step)
     return step
 
-
-def slurm_losses(pool, roles: list[str]) -> dict[str, str]:
-    """role → what Slurm said of its lost jobs and where the replacements run (launcher: slurm), taken from the
-    pool's record of losses."""
-    found = {}
-    for role in dict.fromkeys(roles):
-        lost = [pool.losses.pop(m.spec.name) for m in pool.members.get(role, []) if m.spec.name in pool.losses]
-        if lost:
-            nodes = sorted({m.client.last_health.get("node") or "?" for m in pool.members[role] if m.client})
-            found[role] = f"{'; '.join(v.describe() for v in lost)}; replaced on {', '.join(nodes)}"
-    return found
 
 
 def restore_state(ctx: RunContext, restarted: set[str]) -> int:

@@ -184,6 +184,15 @@ class WorkerPool:
                        for i, args in sorted(args_by_replica.items())}
         return {i: future.result() for i, future in futures.items()}  # the executor's exit waited for all
 
+    def describe_losses(self, role: str) -> str | None:
+        """What Slurm said of `role`'s lost jobs since the last time asked, and where its workers run now (None
+        when no job of it was lost on Slurm)."""
+        lost = [self.losses.pop(m.spec.name) for m in self.members.get(role, []) if m.spec.name in self.losses]
+        if not lost:
+            return None
+        nodes = sorted({m.client.last_health.get("node") or "?" for m in self.members[role] if m.client})
+        return f"{'; '.join(v.describe() for v in lost)}; replaced on {', '.join(nodes)}"
+
     def health(self) -> dict[str, list[dict]]:
         return {role: self.call_all(role, "health", timeout=30) for role in self.members}
 

@@ -218,3 +218,29 @@ def test_a_partitioned_node_is_replaced_after_its_workers_exit_and_the_run_ends_
     # no role ran twice: the old trainer was gone before its replacement served
     assert cut[0]["exits"]["trainer"] < launches[-1].stat().st_mtime
     wait_until(lambda: sinfo_state("ff-node1") in ("idle", "mix", "alloc"), "node 1 back in service")
+
+
+def test_with_on_node_loss_wait_a_lost_nodes_role_waits_for_it_to_return(slurm_cluster, tmp_path):
+    """slurm.on_node_loss wait: the generator's replacement stays PENDING on its node while the node is DOWN, and
+    runs there once the node is back."""
+    cfg = tiny_config("slurm", **{"slurm.nodes": 2, "slurm.cpus_per_task": 1, "slurm.time": "00:30:00",
+                                  "slurm.on_node_loss": "wait", "workers.heartbeat_stale_s": 5})
+    splits = tiny_splits(cfg)
+    try:
+        with WorkerPool(cfg, tmp_path / "run") as pool:
+            run_pool_iteration(pool, splits, 4, 4, step=0)
+            subprocess.run(["kill", "-9", *map(str, node_pids("ff-node2"))], check=True)
+            lost_job = str(pool.members["generator"][0].job.job_id)
+            restart = threading.Thread(target=pool.restart, args=("generator",))
+            restart.start()
+            wait_until(lambda: pool.members["generator"][0].job.job_id != lost_job, "the replacement submitted", 120)
+            new_job = str(pool.members["generator"][0].job.job_id)
+            wait_until(lambda: slurm("squeue", "-h", "-j", new_job, "-o", "%T %N").split() == ["PENDING"],
+                       "the replacement pending", 60)
+            assert sinfo_state("ff-node2").endswith("*") or sinfo_state("ff-node2").startswith("down")
+            bring_nodes_back()
+            restart.join(timeout=300)
+            assert pool.members["generator"][0].client.last_health["node"] == "ff-node2"
+            assert pool.call("trainer", "health")["step"] == 1  # the trainer on node 1 never stopped
+    finally:
+        bring_nodes_back()

@@ -41,6 +41,9 @@ class RecordingPool:
     def call_all(self, role, method, *args):
         return [4]
 
+    def describe_losses(self, role):
+        return None  # no Slurm verdicts here (tests/integration/test_slurm_nodes.py)
+
 
 def test_two_tasks_losing_one_node_recover_it_once_and_never_at_the_same_time(monkeypatch):
     pool = RecordingPool()
