@@ -26,6 +26,10 @@ from workers.protocol import (
 
 log = logging.getLogger(__name__)
 
+# a worker's end of the connection closed (EOF, reset) or no longer listening: its process has exited (a cut-off one
+# says nothing at all)
+CLOSED_BY_PEER = (EOFError, ConnectionResetError, ConnectionRefusedError)
+
 
 def _accepts_force(job) -> bool:
     import inspect
@@ -50,6 +54,7 @@ class WorkerClient:
         self._job_done_takes_force = job is not None and hasattr(job, "done") and _accepts_force(job)
         self._last_forced_check = time.monotonic()
         self.last_contact: float | None = None  # when a ping was last answered (start_pinging)
+        self.peer_closed = False  # the worker's side closed or refused the connection: its process is gone
         self.silent_after_s: float | None = None
         self._stop_pinging = threading.Event()
 
@@ -67,6 +72,7 @@ class WorkerClient:
             try:
                 self.conn = connect_authenticated(self.rendezvous.address, self._authkey, self.handshake_timeout_s)
             except (OSError, EOFError, AuthenticationError) as exc:
+                self.peer_closed |= isinstance(exc, CLOSED_BY_PEER)
                 raise self._lost(f"cannot connect to {self.rendezvous.host}:{self.rendezvous.port} "
                                  f"({type(exc).__name__}: {exc})") from exc
 
@@ -90,6 +96,7 @@ class WorkerClient:
                     raise self._lost(f"no reply to {method} within {timeout:.0f}s")
             reply = receive_message(self.conn)
         except (EOFError, ConnectionError, OSError) as exc:
+            self.peer_closed |= isinstance(exc, CLOSED_BY_PEER)
             raise self._lost(f"connection dropped during {method} ({type(exc).__name__}: "
                              f"{self.death_reason() or exc})") from exc
         if reply[0] == "ok":
@@ -150,7 +157,7 @@ class WorkerClient:
     def await_lease_end(self) -> None:
         """Once pinging stopped: wait until the worker has gone unheard for `silent_after_s`. A worker exits by
         itself after a shorter silence, so by then it is gone even if it is only cut off (a partition)."""
-        if self.last_contact is None:
+        if self.last_contact is None or self.peer_closed:  # closed by its kernel: the process is gone already
             return
         left = self.last_contact + self.silent_after_s - time.monotonic()
         if left > 0:

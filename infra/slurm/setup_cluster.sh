@@ -59,7 +59,19 @@ stop_all() {
         grep -v "$MARK" /etc/hosts > /tmp/forgeflow-hosts.$$ || true
         cat /tmp/forgeflow-hosts.$$ > /etc/hosts; rm -f /tmp/forgeflow-hosts.$$
     fi
-    pkill -x slurmd || true; pkill -x slurmctld || true; pkill -x slurmdbd || true
+    stop_daemons slurmd slurmctld slurmdbd
+}
+
+stop_daemons() {  # SIGTERM, then SIGKILL whatever has not exited after 10 s (a new daemon needs the old one's port)
+    for d in "$@"; do pkill -x "$d" || true; done
+    for _ in $(seq 1 50); do
+        local left=0
+        for d in "$@"; do pgrep -x "$d" >/dev/null && left=1; done
+        [[ "$left" == 0 ]] && return 0
+        sleep 0.2
+    done
+    for d in "$@"; do pkill -9 -x "$d" || true; done
+    sleep 0.5
 }
 
 cluster_ready() {  # every node idle/mix/alloc and the right config
@@ -71,7 +83,7 @@ cluster_ready() {  # every node idle/mix/alloc and the right config
 
 if [[ "$ACTION" == stop ]]; then
     stop_all
-    if command -v mysqladmin >/dev/null && mysqladmin ping --silent 2>/dev/null; then mysqladmin shutdown || true; fi
+    if command -v mysqladmin >/dev/null && mysqladmin ping --silent >/dev/null 2>&1; then mysqladmin shutdown || true; fi
     echo "slurm stopped; namespaces, bridge and hosts lines removed"
     exit 0
 fi
@@ -107,12 +119,12 @@ start_munge() {  # one key, one daemon; its socket is a file every namespace see
 }
 
 start_mariadb() {  # local socket only (no TCP port); the accounting database and its user
-    if ! mysqladmin ping --silent 2>/dev/null; then
+    if ! mysqladmin ping --silent >/dev/null 2>&1; then
         mkdir -p /run/mysqld; chown mysql:mysql /run/mysqld
         [[ -d /var/lib/mysql/mysql ]] || mariadb-install-db --user=mysql >/dev/null
         setsid nohup mysqld_safe --skip-networking </dev/null >/dev/null 2>&1 &
-        for _ in $(seq 1 60); do mysqladmin ping --silent 2>/dev/null && break; sleep 0.5; done
-        mysqladmin ping --silent || { echo "setup_cluster.sh: MariaDB did not start (see /var/log/mysql)" >&2; exit 1; }
+        for _ in $(seq 1 60); do mysqladmin ping --silent >/dev/null 2>&1 && break; sleep 0.5; done
+        mysqladmin ping --silent >/dev/null || { echo "setup_cluster.sh: MariaDB did not start (see /var/log/mysql)" >&2; exit 1; }
     fi
     local pass_file="$CONF_DIR/forgeflow-dbd.pass"
     [[ -s "$pass_file" ]] || (umask 077; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$pass_file")
@@ -143,7 +155,7 @@ StoragePass=${DBD_PASS}
 StorageLoc=slurm_acct_db
 CONF
 )
-    pkill -x slurmdbd || true; sleep 0.5
+    stop_daemons slurmdbd
     slurmdbd
     for _ in $(seq 1 60); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.5; done
     sacctmgr -n list cluster >/dev/null || { echo "setup_cluster.sh: slurmdbd did not answer; see ${LOG}/slurmdbd.log" >&2; exit 1; }
@@ -240,8 +252,9 @@ start_node() {  # slurmd inside the node's namespace, with the node's host name 
 }
 
 wait_nodes_idle() {
-    local names=("$@")
-    for _ in $(seq 1 90); do
+    local names=("$@") deadline=$((SECONDS + 90))
+    while [[ $SECONDS -lt $deadline ]]; do
+        pgrep -x slurmctld >/dev/null || { echo "setup_cluster.sh: slurmctld exited; see ${LOG}/slurmctld.log" >&2; return 1; }
         local ready=0
         for n in "${names[@]}"; do
             local state; state="$(sinfo -h -n "$n" -o %t 2>/dev/null || true)"

@@ -157,7 +157,7 @@ def pull_plug_when(monkeypatch, node: str, after_step: int, cut: list, partition
     return thread
 
 
-def test_a_node_pulled_mid_step_is_replaced_on_the_other_and_the_run_ends_exact(slurm_cluster, one_machine_sha,
+def test_a_node_pulled_mid_step_is_replaced_on_the_other_and_the_run_ends_exact(slurm_cluster_alone, one_machine_sha,
                                                                                 monkeypatch):
     """Node 2 (generator and reward) loses every process, slurmd included: slurmctld marks it DOWN, its jobs end
     NODE_FAIL in sacct, forgeflow moves both roles to node 1 and the run ends bit-identical to the one on one
@@ -174,6 +174,7 @@ def test_a_node_pulled_mid_step_is_replaced_on_the_other_and_the_run_ends_exact(
 
 
 def check_pulled_plug(summary: dict, cut: list, one_machine_sha: str) -> None:
+    print(f"plug pulled at {cut[0]['at']:.1f}: recoveries {summary['recoveries']}")  # measured in the closing note
     assert cut and set(cut[0]["workers"]) == {"generator", "reward"}, cut
     recoveries = {r["role"]: r for r in summary["recoveries"]}
     assert set(recoveries) == {"generator", "reward"}, summary["recoveries"]
@@ -194,7 +195,8 @@ def sinfo_state(node: str) -> str:
     return slurm("sinfo", "-h", "-n", node, "-o", "%t").strip()
 
 
-def test_a_partitioned_node_is_replaced_after_its_workers_exit_and_the_run_ends_exact(slurm_cluster, one_machine_sha,
+def test_a_partitioned_node_is_replaced_after_its_workers_exit_and_the_run_ends_exact(slurm_cluster_alone,
+                                                                                      one_machine_sha,
                                                                                       monkeypatch):
     """Node 1's link (the trainer's) is down for 25 s, longer than workers.heartbeat_stale_s (8 s) and Slurm's
     SlurmdTimeout (10 s): the cut-off trainer exits by itself (its orphan guard), the controller replaces it on
@@ -206,6 +208,7 @@ def test_a_partitioned_node_is_replaced_after_its_workers_exit_and_the_run_ends_
     finally:
         monkeypatch.undo()
         thread.join(timeout=60)
+    print(f"link cut at {cut[0]['at']:.1f}: {cut[0]}; recoveries {summary['recoveries']}")
     assert cut and set(cut[0]["workers"]) == {"trainer"} and "trainer" in cut[0]["exits"], cut
     assert [r["role"] for r in summary["recoveries"]] == ["trainer"], summary["recoveries"]
     assert "on ff-node1 (" in summary["recoveries"][0]["slurm"]
@@ -220,7 +223,7 @@ def test_a_partitioned_node_is_replaced_after_its_workers_exit_and_the_run_ends_
     wait_until(lambda: sinfo_state("ff-node1") in ("idle", "mix", "alloc"), "node 1 back in service")
 
 
-def test_with_on_node_loss_wait_a_lost_nodes_role_waits_for_it_to_return(slurm_cluster, tmp_path):
+def test_with_on_node_loss_wait_a_lost_nodes_role_waits_for_it_to_return(slurm_cluster_alone, tmp_path):
     """slurm.on_node_loss wait: the generator's replacement stays PENDING on its node while the node is DOWN, and
     runs there once the node is back."""
     cfg = tiny_config("slurm", **{"slurm.nodes": 2, "slurm.cpus_per_task": 1, "slurm.time": "00:30:00",

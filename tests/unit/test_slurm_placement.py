@@ -106,3 +106,6 @@ def test_a_lost_worker_is_replaced_only_after_its_lease(monkeypatch):
     client.last_contact = time.monotonic() - 20.0
     client.await_lease_end()
     assert len(slept) == 1  # past the lease: no wait
+    client.last_contact, client.peer_closed = time.monotonic() - 4.0, True
+    client.await_lease_end()
+    assert len(slept) == 1  # its connection was closed by its kernel: the process is gone, nothing to wait for
