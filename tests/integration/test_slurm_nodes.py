@@ -184,7 +184,7 @@ def check_pulled_plug(summary: dict, cut: list, one_machine_sha: str) -> None:
     workers = run_workers(summary["run_id"])
     assert {workers[n][0] for n in ("generator-0", "reward-0")} == {"ff-node1"}  # the replacements
     lost_jobs = [r["slurm"].split()[2] for r in recoveries.values()]
-    assert sinfo_state("ff-node2").startswith("down")
+    wait_until(lambda: sinfo_state("ff-node2").startswith("down"), "Slurm marking node 2 DOWN", 120)
     for job in lost_jobs:
         wait_until(lambda job=job: sacct_state(job) == "NODE_FAIL", f"job {job} NODE_FAIL in sacct")
     tags = MlflowClient(default_tracking_uri()).get_run(info["mlflow_run_id"]).data.tags
