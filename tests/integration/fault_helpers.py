@@ -86,9 +86,27 @@ def kill_worker_when(monkeypatch, role: str | tuple[str, ...], after_step: int, 
     new run at a random moment of the step after `after_step` (whatever phase is running then); that step is not
     recorded before the kill. `before_kill(pids)` runs just before it."""
     roles = (role,) if isinstance(role, str) else tuple(role)
+
+    def kill(run: Path) -> None:
+        pids = []
+        for name in roles:
+            launches = sorted((run / "workers").glob(f"{name}-0.*.rendezvous.json"), key=lambda p: p.stat().st_mtime)
+            pids.append(read_rendezvous(launches[-1]).pid)  # the current launch of the worker
+        if before_kill is not None:
+            before_kill(pids)
+        for pid in pids:
+            os.kill(pid, sig)
+        killed.extend(pids)
+
+    print(f"killing {', '.join(roles)} in the step after step {after_step}")
+    return act_in_step(monkeypatch, after_step, kill)
+
+
+def act_in_step(monkeypatch, after_step: int, act, then=None) -> threading.Thread:
+    """In a thread: `act(run directory)` on the next new run at a random moment of the step after `after_step`, which
+    is not recorded before `act` returns; then `then()`, while the run goes on. An error of either is handed to the
+    run, which fails with it at the held step (or the test, from the thread's join)."""
     existing = existing_runs()
-    delay = random.uniform(0.0, 0.1)  # lands inside the next step, or while it waits to be recorded
-    print(f"killing {', '.join(roles)} {delay:.3f}s after step {after_step} is recorded")
     done = threading.Event()
     failures: list[BaseException] = []
     hold_record_until(monkeypatch, after_step + 1, done, failures)
@@ -96,18 +114,12 @@ def kill_worker_when(monkeypatch, role: str | tuple[str, ...], after_step: int, 
     def watch():
         try:
             run = wait_for_new_run(existing, after_step)
-            time.sleep(delay)
-            pids = []
-            for name in roles:
-                launches = sorted((run / "workers").glob(f"{name}-0.*.rendezvous.json"),
-                                  key=lambda p: p.stat().st_mtime)
-                pids.append(read_rendezvous(launches[-1]).pid)  # the current launch of the worker
-            if before_kill is not None:
-                before_kill(pids)
-            for pid in pids:
-                os.kill(pid, sig)
-            killed.extend(pids)
-        except BaseException as error:  # handed to the run, which fails with it at the held step
+            time.sleep(random.uniform(0.0, 0.1))  # lands inside the next step, or while it waits to be recorded
+            act(run)
+            done.set()
+            if then is not None:
+                then()
+        except BaseException as error:
             failures.append(error)
             raise
         finally:

@@ -22,6 +22,22 @@ def tiny_splits(cfg):
     return C.build_splits(cfg, tok)
 
 
+def alternating_reward_groups(cfg, prompts: int = 8, group_size: int = 4) -> list:
+    """Groups sampled from the seed-0 tiny model on the first training prompts, rewarded 0, 1, 0, 1, … in each group
+    (every group informative)."""
+    from forge_core.generation import TorchGenerator
+    from forge_core.recipes import steps
+
+    splits = tiny_splits(cfg)
+    model, tok = load_model_and_tokenizer(cfg.model.path, seed=0)
+    groups = steps.rollout(TorchGenerator(model, tok), splits.train[:prompts], splits.train_prompts[:prompts],
+                           group_size, seed=0)
+    for g in groups:
+        for i, e in enumerate(g.episodes):
+            e.reward = float(i % 2)
+    return groups
+
+
 def run_pool_iteration(pool, splits, n: int, group_size: int, step: int) -> dict:
     """Step `step` of the iteration spine over the pool's workers on the first `n` training problems (all of them
     each step), with the pool config's sync schedule and no evaluation or checkpoint; returns the step's metrics.

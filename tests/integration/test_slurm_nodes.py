@@ -2,7 +2,6 @@
 namespace with its own host name, address, /dev/shm and slurmd; Slurm's own accounting in MariaDB): roles placed
 on both nodes, a trainer with one rank per node, a node whose plug is pulled mid-step, and a network partition."""
 
-import random
 import subprocess
 import threading
 import time
@@ -12,15 +11,17 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flows.grpo import grpo_flow
-from forge_core.generation import TorchGenerator
-from forge_core.models import load_model_and_tokenizer
-from forge_core.recipes import steps
 from infra.registry import repo, session_scope
 from infra.tracking import default_tracking_uri
 from infra.weightsync import FSWeightStore
 from tests.integration.conftest import SETUP
-from tests.integration.fault_helpers import existing_runs, hold_record_until, wait_for_new_run, wait_until
-from tests.integration.pool_helpers import run_pool_iteration, tiny_config, tiny_splits
+from tests.integration.fault_helpers import act_in_step, wait_until
+from tests.integration.pool_helpers import (
+    alternating_reward_groups,
+    run_pool_iteration,
+    tiny_config,
+    tiny_splits,
+)
 from tests.integration.test_faults import RUN, assert_records_complete, uninterrupted_sha
 from workers.pool import WorkerPool
 from workers.protocol import pid_alive, read_rendezvous
@@ -78,13 +79,7 @@ def test_the_cluster_has_two_nodes_and_slurms_own_accounting(slurm_cluster):
 def test_a_trainer_with_one_rank_per_node_equals_one_process(slurm_cluster, tmp_path):
     """trainer.procs 2 placed on nodes [0, 1]: FSDP2 over gloo between the namespaces, the same step as one
     process (the tolerance of tests/integration/test_trainer_fsdp.py)."""
-    base = tiny_config("local", **{"trainer.lr": 1e-4, "trainer.max_norm": 0.5, "trainer.micro_batch_size": 8})
-    splits = tiny_splits(base)
-    model, tok = load_model_and_tokenizer(base.model.path, seed=0)
-    groups = steps.rollout(TorchGenerator(model, tok), splits.train[:8], splits.train_prompts[:8], 4, seed=0)
-    for g in groups:
-        for i, e in enumerate(g.episodes):
-            e.reward = float(i % 2)
+    groups = alternating_reward_groups(tiny_config("local"))
     two_nodes = {"trainer.procs": 2, "slurm.nodes": 2, "slurm.placement": {"trainer": [0, 1]},
                  "slurm.cpus_per_task": 1, "slurm.time": "00:30:00"}
     metrics, weights = {}, {}
@@ -122,39 +117,27 @@ def pull_plug_when(monkeypatch, node: str, after_step: int, cut: list, partition
     """In a thread, at a random moment of the step after `after_step`: kill every process of `node`'s namespace,
     slurmd included (partition_s 0), or take its link down for `partition_s` seconds. `cut` receives (the time, the
     pids of the node's forgeflow workers before, and each of those workers' exit time)."""
-    existing = existing_runs()
-    done, failures = threading.Event(), []
-    hold_record_until(monkeypatch, after_step + 1, done, failures)
+    link = "ffv" + node[-1]
 
-    def watch():
-        try:
-            run = wait_for_new_run(existing, after_step)
-            time.sleep(random.uniform(0.0, 0.1))
-            workers = [read_rendezvous(p) for p in (run / "workers").glob("*.rendezvous.json")]
-            mine = {rv.role: rv.pid for rv in workers if rv is not None and rv.host == node and pid_alive(rv.pid)}
-            t0 = time.time()
-            if partition_s:
-                subprocess.run(["ip", "link", "set", "ffv" + node[-1], "down"], check=True)
-            else:
-                subprocess.run(["kill", "-9", *map(str, node_pids(node))], check=True)
-            cut.append({"at": t0, "workers": mine})
-            done.set()  # the run goes on while the node is gone
-            if partition_s:
-                exits = {}
-                while time.time() - t0 < partition_s:
-                    exits |= {role: time.time() for role, pid in mine.items() if role not in exits and not pid_alive(pid)}
-                    time.sleep(0.1)
-                cut[-1]["exits"] = exits
-                subprocess.run(["ip", "link", "set", "ffv" + node[-1], "up"], check=True)
-        except BaseException as error:
-            failures.append(error)
-            raise
-        finally:
-            done.set()
+    def pull(run: Path) -> None:
+        workers = [read_rendezvous(p) for p in (run / "workers").glob("*.rendezvous.json")]
+        mine = {rv.role: rv.pid for rv in workers if rv is not None and rv.host == node and pid_alive(rv.pid)}
+        cut.append({"at": time.time(), "workers": mine})
+        if partition_s:
+            subprocess.run(["ip", "link", "set", link, "down"], check=True)
+        else:
+            subprocess.run(["kill", "-9", *map(str, node_pids(node))], check=True)
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    def heal() -> None:  # the run goes on meanwhile; note when each cut-off worker exits by itself
+        exits = {}
+        while time.time() - cut[-1]["at"] < partition_s:
+            exits |= {role: time.time() for role, pid in cut[-1]["workers"].items()
+                      if role not in exits and not pid_alive(pid)}
+            time.sleep(0.1)
+        cut[-1]["exits"] = exits
+        subprocess.run(["ip", "link", "set", link, "up"], check=True)
+
+    return act_in_step(monkeypatch, after_step, pull, then=heal if partition_s else None)
 
 
 def test_a_node_pulled_mid_step_is_replaced_on_the_other_and_the_run_ends_exact(slurm_cluster_alone, one_machine_sha,

@@ -6,7 +6,7 @@ from forge_core.generation import TorchGenerator
 from forge_core.models import load_model_and_tokenizer
 from forge_core.recipes import steps
 from infra.weightsync import FSWeightStore
-from tests.integration.pool_helpers import tiny_config, tiny_splits
+from tests.integration.pool_helpers import alternating_reward_groups, tiny_config, tiny_splits
 from workers.pool import WorkerPool
 
 pytestmark = pytest.mark.integration
@@ -21,13 +21,7 @@ pytestmark = pytest.mark.integration
                                     {"filter_groups": True, "trainer.mini_batches": 4, "trainer.micro_batch_size": 3}],
                          ids=["one-step", "ppo-2x2-tis", "lora-kl", "uneven-filtered"])
 def test_two_rank_fsdp_step_equals_single_process(tmp_path, update):
-    base = tiny_config("local", **{"trainer.lr": 1e-4, "trainer.max_norm": 0.5, "trainer.micro_batch_size": 8})
-    splits = tiny_splits(base)
-    model, tok = load_model_and_tokenizer(base.model.path, seed=0)
-    groups = steps.rollout(TorchGenerator(model, tok), splits.train[:8], splits.train_prompts[:8], 4, seed=0)
-    for g in groups:
-        for i, e in enumerate(g.episodes):
-            e.reward = float(i % 2)  # every group informative; uneven token counts across ranks
+    groups = alternating_reward_groups(tiny_config("local"))  # uneven token counts across ranks
     for e in groups[0].episodes:
         e.reward = 1.0  # all equal: filter_groups drops this group
     metrics, weights = {}, {}
