@@ -86,7 +86,6 @@ def restart_dead_roles(ctx: RunContext, role: str, reason: str) -> int:
     return step
 
 
-
 def restore_state(ctx: RunContext, restarted: set[str]) -> int:
     """Bring restarted roles back to the run's state (idempotent: a later round may run it again); returns the
     trainer's step. A restarted trainer loads the latest checkpoint and every generator its weights."""
