@@ -1,4 +1,5 @@
-"""The worker pool on a real single-node Slurm cluster (started by infra/slurm/setup_cluster.sh)."""
+"""The worker pool on the real Slurm cluster of the tests (infra/slurm/setup_cluster.sh --nodes 2), one node per job
+wherever Slurm puts it (placement over both: tests/integration/test_slurm_nodes.py)."""
 
 import subprocess
 import time
