@@ -60,7 +60,7 @@ def test_every_phase_task_of_every_iteration_is_recorded(capsys):
     name, tags, artifacts = flow_run_view(summary["flow_run_id"])
     assert name == f"grpo · flow-records · grpo · {run_id}" and run_id in tags and "grpo" in tags  # its --run-name
     keys = {k.rsplit("-", 1)[-1]: k for k in artifacts if k}
-    assert set(keys) >= {"progress", "metrics", "samples", "links"}, sorted(artifacts)
+    assert set(keys) >= {"progress", "metrics", "samples", "links", "workers"}, sorted(artifacts)
     assert artifacts[keys["progress"]] == 100.0
     table = artifacts[keys["metrics"]]
     table = json.loads(table) if isinstance(table, str) else table

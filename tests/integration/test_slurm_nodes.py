@@ -2,6 +2,7 @@
 namespace with its own host name, address, /dev/shm and slurmd; Slurm's own accounting in MariaDB): roles placed
 on both nodes, a trainer with one rank per node, a node whose plug is pulled mid-step, and a network partition."""
 
+import json
 import subprocess
 import threading
 import time
@@ -23,6 +24,7 @@ from tests.integration.pool_helpers import (
     tiny_splits,
 )
 from tests.integration.test_faults import RUN, assert_records_complete, uninterrupted_sha
+from tests.integration.test_grpo_flow import flow_run_view
 from workers.pool import WorkerPool
 from workers.protocol import pid_alive, read_rendezvous
 
@@ -172,6 +174,11 @@ def check_pulled_plug(summary: dict, cut: list, one_machine_sha: str) -> None:
         wait_until(lambda job=job: sacct_state(job) == "NODE_FAIL", f"job {job} NODE_FAIL in sacct")
     tags = MlflowClient(default_tracking_uri()).get_run(info["mlflow_run_id"]).data.tags
     assert tags["worker/generator-0"].startswith("ff-node1") and tags["worker/trainer-0"].startswith("ff-node1")
+    artifacts = flow_run_view(summary["flow_run_id"])[2]  # the Prefect UI's table, rewritten after the recovery
+    table = next(data for key, data in artifacts.items() if key and key.endswith("-workers"))
+    table = json.loads(table) if isinstance(table, str) else table
+    assert {row["worker"]: row["node"] for row in table} == {"trainer-0": "ff-node1", "generator-0": "ff-node1",
+                                                             "reward-0": "ff-node1"}
 
 
 def sinfo_state(node: str) -> str:
